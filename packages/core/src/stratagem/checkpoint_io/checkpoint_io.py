@@ -1,0 +1,48 @@
+"""The CheckpointIO interface: how a checkpoint's bytes reach storage and come back."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from pathlib import Path
+from typing import Any
+
+import torch
+
+PathLike = str | Path
+
+
+class CheckpointIO(ABC):
+    """Writes, reads and removes one checkpoint made of plain state (tensors, numbers, dicts).
+
+    It never sees modules or optimizers: the strategy turns those into state first, and
+    decides which rank calls :meth:`save_checkpoint`.
+    """
+
+    @abstractmethod
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: PathLike) -> None:
+        """Write ``checkpoint`` to ``path`` so that a reader never sees it half-written."""
+
+    @abstractmethod
+    def load_checkpoint(
+        self,
+        path: PathLike,
+        map_location: torch.device | str | None = "cpu",
+        weights_only: bool = True,
+    ) -> dict[str, Any]:
+        """Read the checkpoint at ``path``. ``weights_only=False`` allows arbitrary pickles."""
+
+    @abstractmethod
+    def remove_checkpoint(self, path: PathLike) -> None:
+        """Delete the checkpoint at ``path`` (a file or a directory)."""
+
+    @classmethod
+    def can_read(cls, path: PathLike) -> bool:
+        """Whether this IO recognises the checkpoint at ``path`` by its layout.
+
+        Lets a strategy load a checkpoint that another strategy wrote (a directory of shards
+        read by a single-device run, say): registered checkpoint IOs are asked in turn.
+        """
+        return False
+
+    def teardown(self) -> None:
+        """Finish pending writes and release resources; raise what a background write raised."""

@@ -1,0 +1,77 @@
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from stratagem.checkpoint_io.checkpoint_io import CheckpointIO, PathLike
+
+
+class TorchCheckpointIO(CheckpointIO):
+    """One ``torch.save`` file per checkpoint, written atomically.
+
+    The bytes go to a temporary file in the target directory, are fsynced, and the file is
+    renamed over the target: a crash mid-write leaves the previous checkpoint intact.
+    """
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: PathLike) -> None:
+        target = Path(path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        handle, temporary = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+        try:
+            with os.fdopen(handle, "wb") as stream:
+                torch.save(checkpoint, stream)
+                stream.flush()
+                os.fsync(stream.fileno())
+            os.replace(temporary, target)
+        except BaseException:
+            Path(temporary).unlink(missing_ok=True)
+            raise
+        _fsync_directory(target.parent)
+
+    def load_checkpoint(
+        self,
+        path: PathLike,
+        map_location: torch.device | str | None = "cpu",
+        weights_only: bool = True,
+    ) -> dict[str, Any]:
+        target = Path(path)
+        if not target.is_file():
+            raise FileNotFoundError(f"No checkpoint file at {str(target)!r}.")
+        try:
+            return torch.load(target, map_location=map_location, weights_only=weights_only)
+        except Exception as error:
+            if weights_only and "weights_only" in str(error):
+                raise RuntimeError(
+                    f"{str(target)!r} holds objects that a weights-only load refuses. If you trust the file, "
+                    "load it with weights_only=False (e.g. Trainer.fit(..., weights_only=False))."
+                ) from error
+            raise
+
+    def remove_checkpoint(self, path: PathLike) -> None:
+        target = Path(path)
+        if target.is_dir():
+            shutil.rmtree(target)
+        else:
+            target.unlink(missing_ok=True)
+
+    @classmethod
+    def can_read(cls, path: PathLike) -> bool:
+        return Path(path).is_file()
+
+
+def _fsync_directory(directory: Path) -> None:
+    try:
+        descriptor = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(descriptor)
+    except OSError:
+        pass
+    finally:
+        os.close(descriptor)

@@ -1,0 +1,71 @@
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from stratagem.precision.precision import Precision
+
+if TYPE_CHECKING:
+    from torch.optim import Optimizer
+
+    from stratagem.accelerators import Accelerator
+
+
+class MixedPrecision(Precision):
+    """fp32 parameters with autocast to ``dtype`` (``"16-mixed"``, ``"bf16-mixed"``).
+
+    fp16 gets a gradient scaler where the device needs one; the scaler's state is part of
+    the checkpoint.
+    """
+
+    def __init__(self, dtype: str | torch.dtype = "bfloat16") -> None:
+        resolved = getattr(torch, dtype) if isinstance(dtype, str) else dtype
+        if resolved not in (torch.float16, torch.bfloat16):
+            raise ValueError(f"MixedPrecision(dtype={dtype!r}) must be float16 or bfloat16.")
+        self.dtype = resolved
+        self.name = "16-mixed" if resolved == torch.float16 else "bf16-mixed"  # type: ignore[misc]
+        self._device_type = "cpu"
+        self.scaler: torch.amp.GradScaler | None = None
+
+    def check_accelerator(self, accelerator: Accelerator) -> None:
+        if not accelerator.supports_autocast(self.dtype):
+            alternatives = [
+                name
+                for name, dtype in (("bf16-mixed", torch.bfloat16), ("16-mixed", torch.float16))
+                if dtype != self.dtype and accelerator.supports_autocast(dtype)
+            ]
+            instead = " or ".join(repr(n) for n in [*alternatives, "32-true"])
+            raise ValueError(
+                f"precision={self.name!r} needs {self.dtype} autocast, which {accelerator.device_type!r} does not "
+                f"support here; use {instead}."
+            )
+        self._device_type = accelerator.device_type
+        if accelerator.needs_grad_scaler(self.dtype):
+            self.scaler = torch.amp.GradScaler(accelerator.device_type)
+
+    def forward_context(self) -> contextlib.AbstractContextManager[Any]:
+        return torch.autocast(self._device_type, dtype=self.dtype)
+
+    def backward(self, loss: torch.Tensor, backward: Callable[[torch.Tensor], None]) -> None:
+        backward(self.scaler.scale(loss) if self.scaler is not None else loss)
+
+    def unscale_gradients(self, optimizer: Optimizer) -> None:
+        if self.scaler is not None:
+            self.scaler.unscale_(optimizer)
+
+    def optimizer_step(self, optimizer: Optimizer, step: Callable[[], Any]) -> Any:
+        if self.scaler is None:
+            return step()
+        result = self.scaler.step(optimizer)
+        self.scaler.update()
+        return result
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"scaler": self.scaler.state_dict()} if self.scaler is not None else {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if self.scaler is not None and "scaler" in state:
+            self.scaler.load_state_dict(state["scaler"])

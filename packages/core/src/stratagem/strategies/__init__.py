@@ -1,0 +1,7 @@
+"""Strategies: how a run is distributed."""
+
+from stratagem.strategies.parallel import ParallelStrategy
+from stratagem.strategies.single_device import SingleDeviceStrategy
+from stratagem.strategies.strategy import LoopSettings, ReduceOp, Strategy
+
+__all__ = ["LoopSettings", "ParallelStrategy", "ReduceOp", "SingleDeviceStrategy", "Strategy"]

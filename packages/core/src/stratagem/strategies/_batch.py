@@ -1,0 +1,20 @@
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_map
+
+
+def move_to_device(batch: Any, device: torch.device) -> Any:
+    """Move every tensor in a (nested) batch to ``device``; other values pass through."""
+    non_blocking = device.type == "cuda"
+
+    def move(value: Any) -> Any:
+        if isinstance(value, torch.Tensor) and value.device != device:
+            return value.to(device, non_blocking=non_blocking)
+        return value
+
+    if isinstance(batch, torch.Tensor):
+        return move(batch)
+    return tree_map(move, batch)

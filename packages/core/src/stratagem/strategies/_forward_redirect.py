@@ -1,0 +1,36 @@
+"""Calling a module's step method through its wrapper's forward.
+
+Wrappers such as DistributedDataParallel and FSDP do their work (gradient-sync preparation,
+parameter gathering) in hooks around ``forward``. A step method called directly would skip
+them, so the step is routed through ``wrapper(*args)`` with ``forward`` temporarily pointing
+at the step. Inside, ``forward`` is restored first, so ``self(x)`` in the step still works.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import nn
+
+
+def call_through_forward(wrapper: nn.Module, module: nn.Module, step_name: str, *args: Any) -> Any:
+    step = getattr(module, step_name)
+    if wrapper is module and not _has_forward_hooks(module):
+        return step(*args)
+    original_forward = module.forward
+
+    def redirected(*inner_args: Any, **inner_kwargs: Any) -> Any:
+        module.forward = original_forward  # type: ignore[method-assign]
+        return step(*inner_args, **inner_kwargs)
+
+    module.forward = redirected  # type: ignore[method-assign]
+    try:
+        return wrapper(*args)
+    finally:
+        module.forward = original_forward  # type: ignore[method-assign]
+        if module.__dict__.get("forward") is original_forward:
+            del module.__dict__["forward"]
+
+
+def _has_forward_hooks(module: nn.Module) -> bool:
+    return bool(module._forward_pre_hooks or module._forward_hooks)

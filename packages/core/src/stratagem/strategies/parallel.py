@@ -1,0 +1,190 @@
+from __future__ import annotations
+
+import os
+from abc import ABC
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from stratagem.accelerators import Accelerator
+from stratagem.checkpoint_io import CheckpointIO
+from stratagem.environments.cluster_environment import ClusterEnvironment
+from stratagem.precision import Precision
+from stratagem.strategies.strategy import ReduceOp, Strategy
+
+DEFAULT_TIMEOUT = timedelta(minutes=30)
+
+_REDUCE_OPS = {
+    "sum": dist.ReduceOp.SUM,
+    "max": dist.ReduceOp.MAX,
+    "min": dist.ReduceOp.MIN,
+}
+
+
+class ParallelStrategy(Strategy, ABC):
+    """Several processes, one per device, joined in a ``torch.distributed`` process group.
+
+    Subclasses choose the launcher and how the module is wrapped; process-group setup and
+    the collectives live here.
+    """
+
+    def __init__(
+        self,
+        accelerator: Accelerator | None = None,
+        precision: Precision | None = None,
+        checkpoint_io: CheckpointIO | None = None,
+        parallel_devices: list[torch.device] | None = None,
+        cluster_environment: ClusterEnvironment | None = None,
+        process_group_backend: str | None = None,
+        timeout: timedelta | float = DEFAULT_TIMEOUT,
+    ) -> None:
+        super().__init__(accelerator=accelerator, precision=precision, checkpoint_io=checkpoint_io)
+        self.parallel_devices = parallel_devices
+        self.cluster_environment = cluster_environment
+        self._process_group_backend = process_group_backend
+        self.timeout = timeout if isinstance(timeout, timedelta) else timedelta(seconds=float(timeout))
+        self.num_nodes = 1
+
+    def configure(
+        self,
+        *,
+        accelerator: Accelerator,
+        devices: list[torch.device],
+        num_nodes: int,
+        precision: Precision,
+        checkpoint_io: CheckpointIO | None,
+        cluster_environment: ClusterEnvironment,
+    ) -> None:
+        self._accelerator = self._accelerator or accelerator
+        self._precision = self._precision or precision
+        self._checkpoint_io = self._checkpoint_io or checkpoint_io
+        self.parallel_devices = self.parallel_devices or devices
+        self.cluster_environment = self.cluster_environment or cluster_environment
+        self.num_nodes = num_nodes
+        self.cluster_environment.validate_settings(len(self.parallel_devices), num_nodes)
+        self._set_world_ranks()
+
+    def _set_world_ranks(self) -> None:
+        # Only environments without a scheduler (local) take these; others read their variables.
+        environment = self._environment
+        environment.set_global_rank(self.node_rank * self.num_processes + self.local_rank)
+        environment.set_world_size(self.num_nodes * self.num_processes)
+
+    @property
+    def process_group_backend(self) -> str:
+        return self._process_group_backend or self.accelerator.process_group_backend
+
+    @property
+    def num_processes(self) -> int:
+        return len(self.parallel_devices) if self.parallel_devices else 0
+
+    @property
+    def _environment(self) -> ClusterEnvironment:
+        if self.cluster_environment is None:
+            raise RuntimeError(f"{type(self).__name__} has no cluster environment; create it with stratagem.resolve().")
+        return self.cluster_environment
+
+    @property
+    def global_rank(self) -> int:
+        return self._environment.global_rank() if self.cluster_environment else 0
+
+    @property
+    def local_rank(self) -> int:
+        return self._environment.local_rank() if self.cluster_environment else 0
+
+    @property
+    def node_rank(self) -> int:
+        return self._environment.node_rank() if self.cluster_environment else 0
+
+    @property
+    def world_size(self) -> int:
+        return self._environment.world_size() if self.cluster_environment else 1
+
+    @property
+    def root_device(self) -> torch.device:
+        if not self.parallel_devices:
+            raise RuntimeError(f"{type(self).__name__} has no devices yet; create it with stratagem.resolve().")
+        return self.parallel_devices[self.local_rank]
+
+    @property
+    def distributed_sampler_kwargs(self) -> dict[str, int] | None:
+        return {"num_replicas": self.world_size, "rank": self.global_rank}
+
+    def setup_environment(self) -> None:
+        self._set_world_ranks()
+        super().setup_environment()
+        self.init_dist_connection()
+
+    def init_dist_connection(self) -> None:
+        """Join the process group described by the cluster environment (no-op if already joined)."""
+        if dist.is_initialized():
+            return
+        environment = self._environment
+        os.environ["MASTER_ADDR"] = environment.main_address
+        os.environ["MASTER_PORT"] = str(environment.main_port)
+        dist.init_process_group(
+            self.process_group_backend,
+            rank=environment.global_rank(),
+            world_size=environment.world_size(),
+            timeout=self.timeout,
+        )
+
+    def reduce(self, tensor: torch.Tensor, op: ReduceOp = "mean") -> torch.Tensor:
+        if not _distributed_ready():
+            return tensor
+        if op not in ("sum", "mean", "max", "min"):
+            raise ValueError(f"reduce(op={op!r}) is not supported; use 'sum', 'mean', 'max' or 'min'.")
+        result = tensor.detach().clone()
+        dist.all_reduce(result, op=_REDUCE_OPS["sum" if op == "mean" else op])
+        if op == "mean":
+            result = result / self.world_size if result.is_floating_point() else result // self.world_size
+        return result
+
+    def all_gather(self, tensor: torch.Tensor, sync_grads: bool = False) -> torch.Tensor:
+        if not _distributed_ready():
+            return tensor.unsqueeze(0)
+        if sync_grads:
+            from torch.distributed.nn.functional import all_gather as differentiable_all_gather
+
+            return torch.stack(differentiable_all_gather(tensor.contiguous()))
+        gathered = [torch.empty_like(tensor) for _ in range(self.world_size)]
+        dist.all_gather(gathered, tensor.contiguous())
+        return torch.stack(gathered)
+
+    def broadcast(self, obj: Any, src: int = 0) -> Any:
+        if not _distributed_ready():
+            return obj
+        if isinstance(obj, torch.Tensor):
+            tensor = obj.contiguous()
+            dist.broadcast(tensor, src)
+            return tensor
+        holder = [obj]
+        dist.broadcast_object_list(holder, src)
+        return holder[0]
+
+    def barrier(self, name: str | None = None) -> None:
+        if not _distributed_ready():
+            return
+        if self.process_group_backend == "nccl":
+            dist.barrier(device_ids=[self.root_device.index or 0])
+        else:
+            dist.barrier()
+
+    def teardown(self) -> None:
+        super().teardown()
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
+        if self.cluster_environment is not None:
+            self.cluster_environment.teardown()
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(devices={self.num_processes}, num_nodes={self.num_nodes}, "
+            f"process_group_backend={self._process_group_backend or 'auto'!r})"
+        )
+
+
+def _distributed_ready() -> bool:
+    return dist.is_available() and dist.is_initialized()

@@ -1,0 +1,333 @@
+"""The Strategy interface: how a module is placed, wrapped, stepped, synchronised and saved."""
+
+from __future__ import annotations
+
+import contextlib
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal
+
+import torch
+from torch import nn
+from torch.optim import Optimizer
+
+from stratagem.accelerators import Accelerator
+from stratagem.checkpoint_io import CheckpointIO, PathLike
+from stratagem.environments.cluster_environment import ClusterEnvironment
+from stratagem.launchers import Launcher
+from stratagem.precision import Precision
+from stratagem.strategies._forward_redirect import call_through_forward
+from stratagem.strategies._init_contexts import skip_parameter_init
+
+ReduceOp = Literal["sum", "mean", "max", "min"]
+
+
+@dataclass(frozen=True)
+class LoopSettings:
+    """What the training loop was asked to do, for strategies that must know it up front."""
+
+    accumulate_grad_batches: int = 1
+    gradient_clip_val: float | None = None
+    gradient_clip_algorithm: Literal["norm", "value"] = "norm"
+
+
+class Strategy(ABC):
+    """How one training run is distributed. Created by the connector, driven by the Trainer.
+
+    What differs between backends is declared here as class attributes or answered by a
+    method, so that callers never test a strategy's name or type.
+    """
+
+    handles_gradient_accumulation: ClassVar[bool] = False
+    """True when the strategy accumulates gradients itself (e.g. an engine that counts
+    micro-batches). The Trainer then calls :meth:`backward` and :meth:`optimizer_step` on
+    every batch and leaves the counting to the strategy."""
+
+    max_optimizers: ClassVar[int | None] = None
+    """How many optimizers :meth:`setup_optimizers` accepts; ``None`` means no limit."""
+
+    def __init__(
+        self,
+        accelerator: Accelerator | None = None,
+        precision: Precision | None = None,
+        checkpoint_io: CheckpointIO | None = None,
+    ) -> None:
+        self._accelerator = accelerator
+        self._precision = precision
+        self._checkpoint_io = checkpoint_io
+        self._module: nn.Module | None = None
+        self._model: nn.Module | None = None
+        self.loop_settings = LoopSettings()
+
+    # -- wiring -----------------------------------------------------------------------------
+
+    @abstractmethod
+    def configure(
+        self,
+        *,
+        accelerator: Accelerator,
+        devices: list[torch.device],
+        num_nodes: int,
+        precision: Precision,
+        checkpoint_io: CheckpointIO | None,
+        cluster_environment: ClusterEnvironment,
+    ) -> None:
+        """Receive what the connector resolved; raise ``ValueError`` on what cannot work.
+
+        Called once, in the calling process, before anything starts. Values the user passed
+        to the strategy's constructor win over the connector's; a contradiction between them
+        is an error naming both.
+        """
+
+    @property
+    @abstractmethod
+    def launcher(self) -> Launcher:
+        """The launcher that starts this strategy's processes."""
+
+    @property
+    @abstractmethod
+    def root_device(self) -> torch.device:
+        """The device this process computes on."""
+
+    @property
+    def accelerator(self) -> Accelerator:
+        if self._accelerator is None:
+            raise RuntimeError(f"{type(self).__name__} has no accelerator yet; create it with stratagem.resolve().")
+        return self._accelerator
+
+    @accelerator.setter
+    def accelerator(self, accelerator: Accelerator) -> None:
+        self._accelerator = accelerator
+
+    @property
+    def precision(self) -> Precision:
+        if self._precision is None:
+            self._precision = Precision()
+        return self._precision
+
+    @precision.setter
+    def precision(self, precision: Precision) -> None:
+        self._precision = precision
+
+    @property
+    def checkpoint_io(self) -> CheckpointIO:
+        if self._checkpoint_io is None:
+            from stratagem.checkpoint_io.torch_io import TorchCheckpointIO
+
+            self._checkpoint_io = TorchCheckpointIO()
+        return self._checkpoint_io
+
+    @checkpoint_io.setter
+    def checkpoint_io(self, checkpoint_io: CheckpointIO) -> None:
+        self._checkpoint_io = checkpoint_io
+
+    @property
+    def checkpoint_is_directory(self) -> bool:
+        """Whether :meth:`save_checkpoint` writes a directory (shards) rather than one file."""
+        return False
+
+    @property
+    def distributed_sampler_kwargs(self) -> dict[str, int] | None:
+        """``num_replicas``/``rank`` for a DistributedSampler, or ``None`` when data is not split."""
+        return None
+
+    def connect_loop_settings(self, settings: LoopSettings) -> None:
+        """Receive the Trainer's loop settings at construction; raise ``ValueError`` on a contradiction."""
+        self.loop_settings = settings
+
+    # -- ranks ------------------------------------------------------------------------------
+
+    @property
+    def global_rank(self) -> int:
+        return 0
+
+    @property
+    def local_rank(self) -> int:
+        return 0
+
+    @property
+    def node_rank(self) -> int:
+        return 0
+
+    @property
+    def world_size(self) -> int:
+        return 1
+
+    @property
+    def is_global_zero(self) -> bool:
+        return self.global_rank == 0
+
+    # -- lifecycle (in every worker) --------------------------------------------------------
+
+    def setup_environment(self) -> None:
+        """Prepare this process: select the device, join the process group."""
+        self.accelerator.setup_device(self.root_device)
+
+    @contextlib.contextmanager
+    def module_init_context(self, empty_init: bool | None = None) -> Iterator[None]:
+        """Context in which modules are created directly on the target device and dtype.
+
+        ``empty_init=True`` skips parameter initialisation, for weights that will be loaded.
+        """
+        with contextlib.ExitStack() as stack:
+            if empty_init:
+                stack.enter_context(skip_parameter_init())
+            stack.enter_context(self.root_device)
+            stack.enter_context(self.precision.module_init_context())
+            yield
+
+    def setup_module(self, module: nn.Module) -> nn.Module:
+        """Move, cast and wrap the user's module; return the object to run forward on."""
+        module = self.precision.convert_module(module).to(self.root_device)
+        self._module = self._model = module
+        return module
+
+    def setup_optimizers(self, optimizers: list[Optimizer]) -> list[Optimizer]:
+        """Adopt the optimizers created for the set-up module; return the ones to step."""
+        if self.max_optimizers is not None and len(optimizers) > self.max_optimizers:
+            raise ValueError(
+                f"{type(self).__name__} supports at most {self.max_optimizers} optimizer(s); "
+                f"configure_optimizers returned {len(optimizers)}."
+            )
+        return optimizers
+
+    @property
+    def module(self) -> nn.Module:
+        """The user's module (unwrapped)."""
+        if self._module is None:
+            raise RuntimeError("setup_module() has not been called")
+        return self._module
+
+    @property
+    def model(self) -> nn.Module:
+        """The module as wrapped by this strategy (DDP, FSDP, an engine ...)."""
+        if self._model is None:
+            raise RuntimeError("setup_module() has not been called")
+        return self._model
+
+    def run_step(self, step_name: str, *args: Any) -> Any:
+        """Call ``module.<step_name>(*args)`` so that the wrapper's forward hooks run around it."""
+        with self.precision.forward_context():
+            return call_through_forward(self.model, self.module, step_name, *args)
+
+    def backward(self, loss: torch.Tensor, optimizer: Optimizer | None) -> None:
+        """Compute gradients of ``loss``."""
+        self.precision.backward(loss, torch.Tensor.backward)
+
+    def optimizer_step(self, optimizer: Optimizer) -> Any:
+        """Apply accumulated gradients to the parameters."""
+        return self.precision.optimizer_step(optimizer, optimizer.step)
+
+    def zero_grad(self, optimizer: Optimizer) -> None:
+        """Forget the gradients of the last step."""
+        optimizer.zero_grad(set_to_none=True)
+
+    def clip_gradients(
+        self, optimizer: Optimizer, clip_val: float, algorithm: Literal["norm", "value"] = "norm"
+    ) -> torch.Tensor | None:
+        """Clip gradients of the parameters stepped by ``optimizer``; return the norm when clipping by norm."""
+        self.precision.unscale_gradients(optimizer)
+        params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+        if algorithm == "norm":
+            return torch.nn.utils.clip_grad_norm_(params, clip_val)
+        torch.nn.utils.clip_grad_value_(params, clip_val)
+        return None
+
+    def no_backward_sync(self, enabled: bool) -> contextlib.AbstractContextManager[Any]:
+        """Context that skips gradient synchronisation (for accumulation) when ``enabled``."""
+        return contextlib.nullcontext()
+
+    def batch_to_device(self, batch: Any) -> Any:
+        """Move a batch to :attr:`root_device` and the precision's input dtype."""
+        from stratagem.strategies._batch import move_to_device
+
+        return self.precision.convert_input(move_to_device(batch, self.root_device))
+
+    # -- collectives ------------------------------------------------------------------------
+
+    @abstractmethod
+    def reduce(self, tensor: torch.Tensor, op: ReduceOp = "mean") -> torch.Tensor:
+        """Reduce ``tensor`` over all ranks; every rank gets the result."""
+
+    @abstractmethod
+    def all_gather(self, tensor: torch.Tensor, sync_grads: bool = False) -> torch.Tensor:
+        """Stack ``tensor`` from every rank along a new first dimension (size :attr:`world_size`).
+
+        ``sync_grads=True`` makes the result differentiable with respect to every rank's input.
+        """
+
+    @abstractmethod
+    def broadcast(self, obj: Any, src: int = 0) -> Any:
+        """Return rank ``src``'s ``obj`` on every rank (tensors stay on their device; other objects are pickled)."""
+
+    @abstractmethod
+    def barrier(self, name: str | None = None) -> None:
+        """Wait until every rank arrives here. ``name`` appears in a timeout error."""
+
+    def reduce_boolean(self, decision: bool, all_ranks: bool = True) -> bool:
+        """Whether ``decision`` holds on all ranks (``all_ranks=True``) or on any rank."""
+        flag = torch.tensor(float(decision), device=self.root_device)
+        reduced = self.reduce(flag, op="min" if all_ranks else "max")
+        return bool(reduced.item() > 0.5)
+
+    # -- checkpoints ------------------------------------------------------------------------
+
+    def save_checkpoint(self, path: PathLike, state: dict[str, Any]) -> None:
+        """Save ``state`` to ``path``. Called on every rank.
+
+        ``state`` maps names to plain values or to live objects (``nn.Module``, ``Optimizer``,
+        lists of optimizers); the strategy turns live objects into their state in whatever
+        form it keeps them (whole, or sharded).
+        """
+        checkpoint = {key: self._state_of(value) for key, value in state.items()}
+        if self.is_global_zero:
+            self.checkpoint_io.save_checkpoint(checkpoint, path)
+        self.barrier("save_checkpoint")
+
+    def load_checkpoint(
+        self, path: PathLike, state: dict[str, Any], strict: bool = True, weights_only: bool = True
+    ) -> dict[str, Any]:
+        """Load the checkpoint at ``path`` into the live objects of ``state``, in place.
+
+        Returns the checkpoint's remaining entries (those not in ``state`` as live objects).
+        Reads checkpoints written by other strategies and world sizes (see
+        :func:`stratagem.checkpoint_io.read_full_checkpoint`).
+        """
+        from stratagem.checkpoint_io.readers import read_full_checkpoint
+
+        checkpoint = read_full_checkpoint(path, self.checkpoint_io, weights_only=weights_only)
+        remaining = dict(checkpoint)
+        for key, target in state.items():
+            if isinstance(target, nn.Module):
+                target.load_state_dict(remaining.pop(key), strict=strict)
+            elif isinstance(target, Optimizer):
+                target.load_state_dict(remaining.pop(key))
+            elif isinstance(target, list | tuple) and target and isinstance(target[0], Optimizer):
+                for optimizer, optimizer_state in zip(target, remaining.pop(key), strict=True):
+                    optimizer.load_state_dict(optimizer_state)
+        return remaining
+
+    def remove_checkpoint(self, path: PathLike) -> None:
+        """Delete a checkpoint this strategy saved (on the rank that wrote it)."""
+        if self.is_global_zero:
+            self.checkpoint_io.remove_checkpoint(path)
+
+    def _state_of(self, value: Any) -> Any:
+        if isinstance(value, nn.Module):
+            return value.state_dict()
+        if isinstance(value, Optimizer):
+            return value.state_dict()
+        if isinstance(value, list | tuple) and value and isinstance(value[0], Optimizer):
+            return [optimizer.state_dict() for optimizer in value]
+        return value
+
+    def teardown(self) -> None:
+        """Release everything :meth:`setup_environment` and :meth:`setup_module` acquired."""
+        self.checkpoint_io.teardown()
+        self.precision.teardown()
+        if self._accelerator is not None:
+            self._accelerator.teardown()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
