@@ -308,6 +308,14 @@ class Strategy(ABC):
                     optimizer.load_state_dict(optimizer_state)
         return remaining
 
+    def module_full_state_dict(self) -> dict[str, Any]:
+        """The module's whole, unsharded state on CPU, on rank 0 (other ranks may get ``{}``).
+
+        Called on every rank (sharded strategies gather). Used to hand trained weights back
+        to a calling process that is not itself a worker, and for single-file checkpoints.
+        """
+        return {key: value.detach().cpu() for key, value in self.module.state_dict().items()}
+
     def remove_checkpoint(self, path: PathLike) -> None:
         """Delete a checkpoint this strategy saved (on the rank that wrote it)."""
         if self.is_global_zero:
