@@ -22,13 +22,20 @@ def read_full_checkpoint(path: PathLike, preferred: CheckpointIO, weights_only: 
         return preferred.load_checkpoint(target, weights_only=weights_only)
     from stratagem.registry import checkpoint_io as registered
 
+    skipped = []
     for name in registered.names():
-        reader_class = registered.load_target(name)
-        if isinstance(reader_class, type) and issubclass(reader_class, CheckpointIO) and reader_class.can_read(target):
-            reader = registered.create(name)
-            return reader.load_checkpoint(target, weights_only=weights_only)
+        try:
+            reader_class = registered.load_target(name)
+        except Exception as error:  # one broken reader must not stop the others from loading
+            skipped.append(f"{name} ({type(error).__name__}: {error})")
+            continue
+        if not (isinstance(reader_class, type) and issubclass(reader_class, CheckpointIO)):
+            continue
+        if reader_class.can_read(target):
+            return registered.create(name).load_checkpoint(target, weights_only=weights_only)
     known = ", ".join(registered.names()) or "none"
+    unusable = f" Could not use: {'; '.join(skipped)}." if skipped else ""
     raise ValueError(
-        f"No installed checkpoint IO recognises {str(target)!r} (asked: {known}). A directory of shards "
+        f"No installed checkpoint IO recognises {str(target)!r} (asked: {known}).{unusable} A directory of shards "
         'needs the package of the strategy that wrote it (e.g. pip install "stratagem[fsdp]").'
     )

@@ -64,10 +64,10 @@ class DistributedWorkers:
             if remaining <= 0:
                 break
             ready = multiprocessing.connection.wait(list(pending.values()), timeout=min(remaining, 1.0))
-            for connection in ready:
-                rank = next(r for r, c in pending.items() if c is connection)
+            for ready_connection in ready:
+                rank = next(r for r, c in pending.items() if c is ready_connection)
                 try:
-                    status, payload = connection.recv()
+                    status, payload = pending[rank].recv()
                 except EOFError:
                     status, payload = "error", f"rank {rank} exited (code {self._processes[rank].exitcode})"
                 del pending[rank]

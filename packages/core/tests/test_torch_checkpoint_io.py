@@ -1,0 +1,54 @@
+import os
+import pickle
+
+import pytest
+import torch
+
+from stratagem.checkpoint_io import TorchCheckpointIO, read_full_checkpoint
+
+
+def test_save_writes_atomically_and_leaves_no_temporary_files(tmp_path):
+    io = TorchCheckpointIO()
+    target = tmp_path / "nested" / "model.ckpt"
+    io.save_checkpoint({"weight": torch.ones(3)}, target)
+    io.save_checkpoint({"weight": torch.zeros(3)}, target)
+    assert os.listdir(target.parent) == ["model.ckpt"]
+    assert torch.equal(io.load_checkpoint(target)["weight"], torch.zeros(3))
+
+
+def test_a_failing_save_keeps_the_previous_checkpoint_and_removes_the_partial_file(tmp_path):
+    io = TorchCheckpointIO()
+    target = tmp_path / "model.ckpt"
+    io.save_checkpoint({"weight": torch.ones(2)}, target)
+
+    class Unpicklable:
+        def __reduce__(self):
+            raise pickle.PicklingError("refuses to be saved")
+
+    with pytest.raises(pickle.PicklingError):
+        io.save_checkpoint({"weight": torch.zeros(2), "bad": Unpicklable()}, target)
+    assert os.listdir(tmp_path) == ["model.ckpt"]
+    assert torch.equal(io.load_checkpoint(target)["weight"], torch.ones(2))
+
+
+class _Custom:
+    pass
+
+
+def test_load_is_weights_only_by_default_with_an_explanation_and_an_opt_out(tmp_path):
+    target = tmp_path / "pickle.ckpt"
+    torch.save({"obj": _Custom()}, target)
+    io = TorchCheckpointIO()
+    with pytest.raises(RuntimeError, match="weights_only=False"):
+        io.load_checkpoint(target)
+    assert isinstance(io.load_checkpoint(target, weights_only=False)["obj"], _Custom)
+
+
+def test_missing_checkpoint_names_the_path(tmp_path):
+    with pytest.raises(FileNotFoundError, match="nothing-here"):
+        read_full_checkpoint(tmp_path / "nothing-here", TorchCheckpointIO())
+
+
+def test_an_unrecognised_directory_says_which_readers_were_asked(tmp_path):
+    with pytest.raises(ValueError, match="No installed checkpoint IO recognises"):
+        read_full_checkpoint(tmp_path, TorchCheckpointIO())
