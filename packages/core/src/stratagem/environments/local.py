@@ -3,6 +3,7 @@ from __future__ import annotations
 import os
 import socket
 
+from stratagem.environments._variables import int_variable
 from stratagem.environments.cluster_environment import ClusterEnvironment
 
 
@@ -32,7 +33,7 @@ class LocalEnvironment(ClusterEnvironment):
     def main_port(self) -> int:
         if "MASTER_PORT" not in os.environ:
             os.environ["MASTER_PORT"] = str(find_free_port())
-        return _int_variable("MASTER_PORT")
+        return int_variable("MASTER_PORT")
 
     @staticmethod
     def detect() -> bool:
@@ -51,19 +52,19 @@ class LocalEnvironment(ClusterEnvironment):
         self._global_rank = rank
 
     def local_rank(self) -> int:
-        return _int_variable("LOCAL_RANK", 0)
+        return int_variable("LOCAL_RANK", 0)
 
     def node_rank(self) -> int:
         for name in ("NODE_RANK", "GROUP_RANK"):
             if name in os.environ:
-                return _int_variable(name)
+                return int_variable(name)
         return 0
 
     def validate_settings(self, num_devices: int, num_nodes: int) -> None:
         node_rank = self.node_rank()
         if not 0 <= node_rank < num_nodes:
             raise ValueError(f"NODE_RANK={node_rank} is outside num_nodes={num_nodes}; expected 0..{num_nodes - 1}.")
-        if "WORLD_SIZE" in os.environ and _int_variable("WORLD_SIZE") != num_devices * num_nodes:
+        if "WORLD_SIZE" in os.environ and int_variable("WORLD_SIZE") != num_devices * num_nodes:
             raise ValueError(
                 f"WORLD_SIZE={os.environ['WORLD_SIZE']} in the environment, but devices={num_devices} x "
                 f"num_nodes={num_nodes} = {num_devices * num_nodes} processes."
@@ -80,15 +81,3 @@ def find_free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.bind(("127.0.0.1", 0))
         return int(probe.getsockname()[1])
-
-
-def _int_variable(name: str, default: int | None = None) -> int:
-    value = os.environ.get(name)
-    if value is None:
-        if default is None:
-            raise ValueError(f"The environment variable {name} is not set.")
-        return default
-    try:
-        return int(value)
-    except ValueError:
-        raise ValueError(f"The environment variable {name}={value!r} is not an integer.") from None

@@ -1,0 +1,82 @@
+from __future__ import annotations
+
+import os
+
+from stratagem.environments._variables import int_variable, str_variable
+from stratagem.environments.cluster_environment import ClusterEnvironment
+
+_HINT = "The Kubeflow training operator sets it in every PyTorchJob pod."
+
+
+class KubeflowEnvironment(ClusterEnvironment):
+    """A Kubeflow PyTorchJob in which each pod runs the training script once (one process per pod).
+
+    The training operator gives every pod ``MASTER_ADDR``/``MASTER_PORT`` (the master pod's
+    service), ``RANK`` and ``WORLD_SIZE``. ``RANK`` is always the pod's index. ``WORLD_SIZE``
+    is not: older operator releases set it to the number of pods, and releases that know
+    ``nprocPerNode`` set it to pods x processes per pod, adding ``PET_NNODES`` and
+    ``PET_NPROC_PER_NODE`` for torchrun. stratagem counts pods, which is what it needs here:
+    ``PET_NNODES`` when it is a number, else ``WORLD_SIZE / PET_NPROC_PER_NODE``, else
+    ``WORLD_SIZE``. Each pod is one node with one process, so ``devices=1`` and ``num_nodes``
+    is the number of pods. For several processes per pod run ``torchrun`` as the pod's command;
+    its variables are detected first (see :mod:`stratagem.environments`).
+    """
+
+    detected_by = ("KUBERNETES_PORT", "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK")
+
+    @property
+    def creates_processes_externally(self) -> bool:
+        return True
+
+    @property
+    def main_address(self) -> str:
+        return str_variable("MASTER_ADDR", hint=_HINT)
+
+    @property
+    def main_port(self) -> int:
+        return int_variable("MASTER_PORT", hint=_HINT)
+
+    @staticmethod
+    def detect() -> bool:
+        return all(name in os.environ for name in KubeflowEnvironment.detected_by)
+
+    def world_size(self) -> int:
+        return self.pod_count()
+
+    def global_rank(self) -> int:
+        return int_variable("RANK", hint=_HINT)
+
+    def local_rank(self) -> int:
+        return 0
+
+    def node_rank(self) -> int:
+        return self.global_rank()
+
+    def pod_count(self) -> int:
+        """The number of pods in the job (see the class docstring for how it is read)."""
+        nodes = os.environ.get("PET_NNODES", "")
+        if nodes.isdigit():
+            return int(nodes)
+        world_size = int_variable("WORLD_SIZE", hint=_HINT)
+        processes_per_pod = os.environ.get("PET_NPROC_PER_NODE", "")
+        if processes_per_pod.isdigit() and int(processes_per_pod) > 0:
+            return world_size // int(processes_per_pod)
+        return world_size
+
+    def validate_settings(self, num_devices: int, num_nodes: int) -> None:
+        if num_devices != 1:
+            raise ValueError(
+                f"devices={num_devices}, but a Kubeflow PyTorchJob pod that runs the script directly is one "
+                f"process. Run "
+                f"`torchrun --nproc-per-node={num_devices} <script>` as the pod's command (stratagem then reads "
+                "torchrun's variables), or set devices=1."
+            )
+        pods = self.pod_count()
+        if pods != num_nodes:
+            raise ValueError(
+                f"The Kubeflow PyTorchJob has {pods} pod(s), but num_nodes={num_nodes}. Set num_nodes={pods} "
+                "(one node per pod)."
+            )
+
+    def __repr__(self) -> str:
+        return f"KubeflowEnvironment(pod={os.environ.get('RANK')!r})"
