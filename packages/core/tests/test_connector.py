@@ -1,0 +1,259 @@
+import importlib
+import multiprocessing
+import os
+import subprocess
+import sys
+import uuid
+from importlib import metadata
+
+import pytest
+import torch
+
+import stratagem
+from stratagem import registry
+from stratagem.checkpoint_io import TorchCheckpointIO
+from stratagem.connector import detect_environment
+from stratagem.environments import LocalEnvironment, SLURMEnvironment
+from stratagem.launchers import InProcessLauncher, Launcher
+from stratagem.precision import MixedPrecision, Precision, TruePrecision
+from stratagem.registry import Registry, _builtins
+from stratagem.strategies import ParallelStrategy, SingleDeviceStrategy
+
+_ENVIRONMENT_VARIABLES = ("SLURM_NTASKS", "TORCHELASTIC_RUN_ID", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK")
+
+
+@pytest.fixture(autouse=True)
+def no_process_starts(monkeypatch):
+    """resolve() validates in the calling process: starting any process is a failure."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("resolve() started a process")
+
+    monkeypatch.setattr(multiprocessing.process.BaseProcess, "start", refuse)
+    monkeypatch.setattr(subprocess.Popen, "__init__", refuse)
+    monkeypatch.setattr(os, "fork", refuse)
+    for name in _ENVIRONMENT_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+
+
+@pytest.fixture
+def core_only_strategies(monkeypatch):
+    """The strategies registry as if no backend package were installed."""
+    strategies = Registry("strategy", f"stratagem_test_{uuid.uuid4().hex}.strategies", _builtins.register_strategies)
+    monkeypatch.setattr(registry, "strategies", strategies)
+    real_version = metadata.version
+
+    def version_of_core_only(name):
+        if name.startswith("stratagem-"):
+            raise metadata.PackageNotFoundError(name)
+        return real_version(name)
+
+    monkeypatch.setattr(metadata, "version", version_of_core_only)
+    return strategies
+
+
+class _InProcessParallel(ParallelStrategy):
+    """A parallel strategy that starts nothing, to check what the connector hands to one."""
+
+    @property
+    def launcher(self) -> Launcher:
+        return InProcessLauncher()
+
+
+# -- strategy names -------------------------------------------------------------------------
+
+
+def test_a_misspelt_strategy_suggests_the_close_name():
+    with pytest.raises(ValueError, match=r"Unknown strategy 'dpp'\. .*Did you mean [^?]*'ddp'"):
+        stratagem.resolve(strategy="dpp", accelerator="cpu")
+
+
+def test_a_strategy_of_a_package_not_installed_gives_the_pip_command(core_only_strategies):
+    with pytest.raises(
+        ValueError, match=r'stratagem-deepspeed, which is not installed: pip install "stratagem\[deepspeed\]"'
+    ):
+        stratagem.resolve(strategy="deepspeed_stage_3", accelerator="cpu")
+
+
+def test_auto_with_several_devices_and_no_ddp_package_says_to_install_it(core_only_strategies):
+    with pytest.raises(ValueError, match=r'devices x num_nodes = 2 .* pip install "stratagem\[ddp\]"'):
+        stratagem.resolve(accelerator="cpu", devices=2)
+
+
+def test_auto_with_one_device_is_single_device_wired_with_everything():
+    strategy = stratagem.resolve(accelerator="cpu", devices=1)
+    assert isinstance(strategy, SingleDeviceStrategy)
+    assert strategy.root_device == torch.device("cpu")
+    assert strategy.accelerator.device_type == "cpu"
+    assert strategy.precision.name == "32-true"
+    assert isinstance(strategy.checkpoint_io, TorchCheckpointIO)
+    assert isinstance(strategy.launcher, InProcessLauncher)
+
+
+def test_a_strategy_instance_is_configured_not_replaced():
+    mine = SingleDeviceStrategy()
+    assert stratagem.resolve(strategy=mine, accelerator="cpu") is mine
+
+
+@pytest.mark.parametrize("strategy", [3, None, SingleDeviceStrategy])
+def test_a_strategy_that_is_neither_a_name_nor_an_instance_is_a_type_error(strategy):
+    with pytest.raises(TypeError, match=r"strategy=.*expected a registered name .*single_device"):
+        stratagem.resolve(strategy=strategy, accelerator="cpu")
+
+
+def test_single_device_with_two_devices_is_refused():
+    with pytest.raises(ValueError, match=r"strategy='single_device' runs on exactly one device"):
+        stratagem.resolve(strategy="single_device", accelerator="cpu", devices=2)
+
+
+# -- accelerator, devices, num_nodes --------------------------------------------------------
+
+
+@pytest.mark.parametrize(("devices", "count"), [(2, 2), ([0, 1], 2), ("0,1", 2), ("3", 3)])
+def test_devices_forms_give_that_many_parallel_devices(devices, count):
+    strategy = stratagem.resolve(strategy=_InProcessParallel(), accelerator="cpu", devices=devices)
+    assert strategy.parallel_devices == [torch.device("cpu")] * count
+    assert strategy.world_size == count
+
+
+@pytest.mark.parametrize("devices", [-1, "auto", 1, "1"])
+def test_devices_that_mean_one_cpu_process_give_single_device(devices):
+    assert isinstance(stratagem.resolve(accelerator="cpu", devices=devices), SingleDeviceStrategy)
+
+
+@pytest.mark.parametrize("devices", [0, -2, "x", "0,a", [], [1, 1], True, 1.5, None])
+def test_invalid_devices_are_refused_naming_the_value(devices):
+    with pytest.raises((ValueError, TypeError), match=r"devices="):
+        stratagem.resolve(accelerator="cpu", devices=devices)
+
+
+@pytest.mark.parametrize("num_nodes", [0, -1, 1.0, "2", True])
+def test_invalid_num_nodes_are_refused(num_nodes):
+    with pytest.raises(ValueError, match=r"num_nodes=.*expected a positive int"):
+        stratagem.resolve(accelerator="cpu", num_nodes=num_nodes)
+
+
+def test_an_unknown_accelerator_lists_the_registered_ones():
+    with pytest.raises(ValueError, match=r"Unknown accelerator 'cpuu'.*Did you mean 'cpu'"):
+        stratagem.resolve(accelerator="cpuu")
+
+
+def test_an_accelerator_of_the_wrong_type_is_a_type_error():
+    with pytest.raises(TypeError, match=r"accelerator=0 \(int\) is not valid; expected a name \(cpu, cuda, mps"):
+        stratagem.resolve(accelerator=0)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without CUDA")
+def test_an_unavailable_accelerator_says_why():
+    with pytest.raises(ValueError, match=r"accelerator='cuda' is not available here"):
+        stratagem.resolve(accelerator="cuda")
+
+
+# -- precision ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("precision", "kind", "name"),
+    [
+        (32, Precision, "32-true"),
+        ("32", Precision, "32-true"),
+        (64, TruePrecision, "64-true"),
+        (16, MixedPrecision, "16-mixed"),
+        ("bf16", MixedPrecision, "bf16-mixed"),
+        ("bf16-true", TruePrecision, "bf16-true"),
+        ("16-true", TruePrecision, "16-true"),
+    ],
+)
+def test_precision_short_and_full_forms_resolve_to_the_registered_precision(precision, kind, name):
+    resolved = stratagem.resolve(accelerator="cpu", precision=precision).precision
+    assert isinstance(resolved, kind)
+    assert resolved.name == name
+
+
+def test_an_unknown_precision_lists_full_and_short_forms():
+    with pytest.raises(ValueError, match=r"precision='fp8' is not valid; expected one of .*'bf16-mixed'.*'16' \(="):
+        stratagem.resolve(accelerator="cpu", precision="fp8")
+
+
+@pytest.mark.parametrize("precision", [True, 16.0, None])
+def test_a_precision_of_the_wrong_type_is_a_type_error(precision):
+    with pytest.raises(TypeError, match=r"precision="):
+        stratagem.resolve(accelerator="cpu", precision=precision)
+
+
+# -- plugins --------------------------------------------------------------------------------
+
+
+def test_plugins_are_sorted_into_precision_checkpoint_io_and_environment():
+    precision, checkpoint_io, environment = TruePrecision("float64"), TorchCheckpointIO(), LocalEnvironment()
+    strategy = stratagem.resolve(
+        strategy=_InProcessParallel(), accelerator="cpu", devices=2, plugins=[environment, precision, checkpoint_io]
+    )
+    assert strategy.precision is precision
+    assert strategy.checkpoint_io is checkpoint_io
+    assert strategy.cluster_environment is environment
+
+
+def test_plugins_by_name_create_the_registered_plugin():
+    strategy = stratagem.resolve(
+        strategy=_InProcessParallel(), accelerator="cpu", devices=2, plugins=["local", "torch"]
+    )
+    assert isinstance(strategy.cluster_environment, LocalEnvironment)
+    assert isinstance(strategy.checkpoint_io, TorchCheckpointIO)
+
+
+def test_two_plugins_of_one_kind_are_refused():
+    with pytest.raises(ValueError, match=r"plugins= contains two Precision plugins"):
+        stratagem.resolve(accelerator="cpu", plugins=[Precision(), TruePrecision("float64")])
+
+
+@pytest.mark.parametrize("plugin", [42, object(), SingleDeviceStrategy()])
+def test_a_plugin_of_no_known_kind_is_a_type_error(plugin):
+    with pytest.raises(TypeError, match=r"plugins= got .*expected Precision, CheckpointIO or ClusterEnvironment"):
+        stratagem.resolve(accelerator="cpu", plugins=[plugin])
+
+
+def test_an_unknown_plugin_name_lists_the_accepted_names():
+    with pytest.raises(ValueError, match=r"plugins= got the name 'slrum'; expected one of .*slurm"):
+        stratagem.resolve(accelerator="cpu", plugins="slrum")
+
+
+def test_a_precision_plugin_contradicting_precision_is_refused():
+    with pytest.raises(ValueError, match=r"precision='bf16-mixed' contradicts the precision plugin"):
+        stratagem.resolve(accelerator="cpu", precision="bf16-mixed", plugins=[TruePrecision("float64")])
+
+
+def test_an_environment_plugin_is_validated_against_devices_before_anything_starts(monkeypatch):
+    for name, value in {"SLURM_NTASKS": "4", "SLURM_NTASKS_PER_NODE": "4", "SLURM_NNODES": "1"}.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(ValueError, match=r"SLURM starts 4 task\(s\) on this node .* devices=2"):
+        stratagem.resolve(strategy=_InProcessParallel(), accelerator="cpu", devices=2, plugins=[SLURMEnvironment()])
+
+
+# -- environment detection ------------------------------------------------------------------
+
+
+def test_plugin_environments_are_asked_before_the_built_in_ones(tmp_path, monkeypatch):
+    tag = uuid.uuid4().hex[:8]
+    group = f"stratagem_test_{tag}.environments"
+    module = f"cluster_plugin_{tag}"
+    (tmp_path / f"{module}.py").write_text(
+        "from stratagem.environments import LocalEnvironment\n\n"
+        "class AlwaysHere(LocalEnvironment):\n"
+        "    pass\n\n"
+        "def register(registry):\n"
+        f"    registry.register('always_here', '{module}:AlwaysHere', description='Detected everywhere.')\n"
+    )
+    info = tmp_path / "cluster_plugin-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: cluster-plugin\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text(f"[{group}]\nalways_here = {module}:register\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    importlib.invalidate_caches()
+    environments = Registry("environment", group, _builtins.register_environments)
+    monkeypatch.setattr(registry, "environments", environments)
+    monkeypatch.setenv("SLURM_NTASKS", "1")
+    try:
+        assert type(detect_environment()).__name__ == "AlwaysHere"
+    finally:
+        sys.modules.pop(module, None)
