@@ -1,0 +1,16 @@
+"""``stratagem accelerators``: every registered accelerator and whether it is usable on this machine."""
+
+from __future__ import annotations
+
+import argparse
+
+from stratagem import registry
+from stratagem.cli._listing import add_listing_arguments, print_listing
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_listing_arguments(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    return print_listing(registry.accelerators, args)
