@@ -1,7 +1,9 @@
 from __future__ import annotations
 
+import contextlib
 import os
 from abc import ABC
+from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -124,12 +126,19 @@ class ParallelStrategy(Strategy, ABC):
         environment = self._environment
         os.environ["MASTER_ADDR"] = environment.main_address
         os.environ["MASTER_PORT"] = str(environment.main_port)
-        dist.init_process_group(
-            self.process_group_backend,
-            rank=environment.global_rank(),
-            world_size=environment.world_size(),
-            timeout=self.timeout,
-        )
+        try:
+            dist.init_process_group(
+                self.process_group_backend,
+                rank=environment.global_rank(),
+                world_size=environment.world_size(),
+                timeout=self.timeout,
+            )
+        except dist.DistNetworkError as error:
+            if "EADDRINUSE" not in str(error):
+                raise
+            from stratagem.launchers.rendezvous import port_in_use_message
+
+            raise RuntimeError(port_in_use_message(environment.main_port)) from error
 
     def reduce(self, tensor: torch.Tensor, op: ReduceOp = "mean") -> torch.Tensor:
         if not _distributed_ready():
@@ -137,7 +146,8 @@ class ParallelStrategy(Strategy, ABC):
         if op not in ("sum", "mean", "max", "min"):
             raise ValueError(f"reduce(op={op!r}) is not supported; use 'sum', 'mean', 'max' or 'min'.")
         result = tensor.detach().clone()
-        dist.all_reduce(result, op=_REDUCE_OPS["sum" if op == "mean" else op])
+        with self.collective(f"all_reduce (reduce with op={op!r})"):
+            dist.all_reduce(result, op=_REDUCE_OPS["sum" if op == "mean" else op])
         if op == "mean":
             result = result / self.world_size if result.is_floating_point() else result // self.world_size
         return result
@@ -148,9 +158,11 @@ class ParallelStrategy(Strategy, ABC):
         if sync_grads:
             from torch.distributed.nn.functional import all_gather as differentiable_all_gather
 
-            return torch.stack(differentiable_all_gather(tensor.contiguous()))
+            with self.collective("all_gather (sync_grads=True)"):
+                return torch.stack(differentiable_all_gather(tensor.contiguous()))
         gathered = [torch.empty_like(tensor) for _ in range(self.world_size)]
-        dist.all_gather(gathered, tensor.contiguous())
+        with self.collective("all_gather"):
+            dist.all_gather(gathered, tensor.contiguous())
         return torch.stack(gathered)
 
     def broadcast(self, obj: Any, src: int = 0) -> Any:
@@ -158,19 +170,36 @@ class ParallelStrategy(Strategy, ABC):
             return obj
         if isinstance(obj, torch.Tensor):
             tensor = obj.contiguous()
-            dist.broadcast(tensor, src)
+            with self.collective(f"broadcast (of a tensor from rank {src})"):
+                dist.broadcast(tensor, src)
             return tensor
         holder = [obj]
-        dist.broadcast_object_list(holder, src)
+        with self.collective(f"broadcast_object_list (of a {type(obj).__name__} from rank {src})"):
+            dist.broadcast_object_list(holder, src)
         return holder[0]
 
     def barrier(self, name: str | None = None) -> None:
         if not _distributed_ready():
             return
-        if self.process_group_backend == "nccl":
-            dist.barrier(device_ids=[self.root_device.index or 0])
-        else:
-            dist.barrier()
+        with self.collective("barrier" if name is None else f"barrier {name!r}"):
+            if self.process_group_backend == "nccl":
+                dist.barrier(device_ids=[self.root_device.index or 0])
+            else:
+                dist.barrier()
+
+    @contextlib.contextmanager
+    def collective(self, description: str) -> Iterator[None]:
+        """Context around a collective: its failure or timeout is re-raised naming ``description`` and this rank."""
+        try:
+            yield
+        except RuntimeError as error:
+            timed_out = "timed out" in str(error).lower() or "timeout" in str(error).lower()
+            what = f"did not complete within timeout={self.timeout}" if timed_out else "failed"
+            raise RuntimeError(
+                f"The collective {description} {what} on rank {self.global_rank}: {error}\n"
+                "A collective fails when another rank died, and times out when another rank never reached it "
+                "(for example, it runs different code or is stuck)."
+            ) from error
 
     def teardown(self) -> None:
         super().teardown()

@@ -1,5 +1,12 @@
 """Helpers for testing strategies: a reusable set of ranks with a real process group."""
 
+from stratagem.testing.processes import processes_with_variable, wait_until_no_process_has
 from stratagem.testing.workers import DistributedWorkers, WorkerError, distributed_workers
 
-__all__ = ["DistributedWorkers", "WorkerError", "distributed_workers"]
+__all__ = [
+    "DistributedWorkers",
+    "WorkerError",
+    "distributed_workers",
+    "processes_with_variable",
+    "wait_until_no_process_has",
+]

@@ -1,0 +1,183 @@
+"""Starting every local rank as a child of the calling process: spawn, fork or forkserver."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import pickle
+import sys
+import traceback
+from collections.abc import Callable
+from multiprocessing.connection import Connection, wait
+from multiprocessing.process import BaseProcess
+from typing import Any
+
+from stratagem.environments.cluster_environment import ClusterEnvironment
+from stratagem.launchers.failures import (
+    RankFailedError,
+    RankFailure,
+    describe_exit,
+    end_processes,
+    exit_when_parent_dies,
+)
+from stratagem.launchers.launcher import Launcher
+from stratagem.launchers.rendezvous import check_main_port_free, rank_environment
+
+
+class MultiprocessingLauncher(Launcher):
+    """Starts ``num_processes`` ranks with ``multiprocessing`` and waits for them.
+
+    The calling process is not a rank: ``function``'s return value on local rank 0 is
+    pickled back to it. With ``"spawn"`` and ``"forkserver"``, ``function`` and its
+    arguments must be picklable and the script needs an ``if __name__ == "__main__":``
+    guard; ``"fork"`` needs neither and works in notebooks, but not after CUDA was
+    initialised in the calling process.
+    """
+
+    def __init__(
+        self,
+        cluster_environment: ClusterEnvironment,
+        num_processes: int,
+        num_nodes: int,
+        start_method: str = "spawn",
+    ) -> None:
+        available = multiprocessing.get_all_start_methods()
+        if start_method not in available:
+            raise ValueError(
+                f"start_method={start_method!r} is not available on this platform; expected one of {available}."
+            )
+        self.cluster_environment = cluster_environment
+        self.num_processes = num_processes
+        self.num_nodes = num_nodes
+        self.start_method = start_method
+
+    @property
+    def is_interactive_compatible(self) -> bool:
+        # Spawned processes re-import __main__, which a notebook does not have as a file.
+        return self.start_method == "fork"
+
+    @property
+    def caller_is_worker(self) -> bool:
+        return False
+
+    def launch(self, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        if self.start_method == "fork":
+            _check_cuda_not_initialized()
+        check_main_port_free(self.cluster_environment)
+        context: Any = multiprocessing.get_context(self.start_method)
+        first_rank = self.cluster_environment.node_rank() * self.num_processes
+        ranks: dict[int, _Rank] = {}
+        try:
+            for local_rank in range(self.num_processes):
+                reader, writer = context.Pipe(duplex=False)
+                environment = rank_environment(self.cluster_environment, local_rank, self.num_processes, self.num_nodes)
+                process = context.Process(
+                    target=_run_rank,
+                    args=(first_rank + local_rank, environment, os.getpid(), writer, function, args, kwargs),
+                    name=f"stratagem-rank-{first_rank + local_rank}",
+                )
+                process.start()
+                writer.close()
+                ranks[first_rank + local_rank] = _Rank(process, reader)
+            return _supervise(ranks, result_rank=first_rank)
+        finally:
+            end_processes([rank.process for rank in ranks.values()])
+            for rank in ranks.values():
+                rank.connection.close()
+
+    def __repr__(self) -> str:
+        return (
+            f"MultiprocessingLauncher(start_method={self.start_method!r}, num_processes={self.num_processes}, "
+            f"num_nodes={self.num_nodes})"
+        )
+
+
+class _Rank:
+    def __init__(self, process: BaseProcess, connection: Connection) -> None:
+        self.process = process
+        self.connection = connection
+        self.report: tuple[str, Any] | None = None
+
+
+def _supervise(ranks: dict[int, _Rank], result_rank: int) -> Any:
+    """Wait until every rank finished; on the first failure, return at once with an error."""
+    running = dict(ranks)
+    while running:
+        waitables: dict[Any, int] = {}
+        for rank, state in running.items():
+            if state.report is None and not state.connection.closed:
+                waitables[state.connection] = rank
+            waitables[state.process.sentinel] = rank
+        ready = wait(list(waitables))
+        failures: list[RankFailure] = []
+        for rank in sorted({waitables[item] for item in ready}):
+            state = running[rank]
+            _receive_report(state)
+            if state.process.is_alive():
+                continue
+            state.process.join()
+            failure = _failure_of(rank, state)
+            if failure is not None:
+                failures.append(failure)
+            del running[rank]
+        if failures:
+            # A rank killed without a report is the likelier cause of a peer's error in the same moment.
+            failures.sort(key=lambda failure: failure.traceback_text is not None)
+            raise RankFailedError(failures[0], failures[1:])
+    report = ranks[result_rank].report
+    assert report is not None
+    return pickle.loads(report[1])
+
+
+def _receive_report(state: _Rank) -> None:
+    if state.report is not None or state.connection.closed:
+        return
+    try:
+        if state.connection.poll():
+            state.report = pickle.loads(state.connection.recv_bytes())
+    except (EOFError, OSError):
+        state.connection.close()
+
+
+def _failure_of(rank: int, state: _Rank) -> RankFailure | None:
+    exitcode = state.process.exitcode
+    assert exitcode is not None
+    if state.report is not None and state.report[0] == "error":
+        return RankFailure(rank, state.process.pid, "raised an exception", state.report[1])
+    if state.report is None or exitcode != 0:
+        reason = describe_exit(exitcode) + ("" if state.report is None else " after finishing")
+        return RankFailure(rank, state.process.pid, reason)
+    return None
+
+
+def _run_rank(
+    rank: int,
+    environment: dict[str, str],
+    parent_pid: int,
+    connection: Connection,
+    function: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+) -> None:
+    os.environ.update(environment)
+    exit_when_parent_dies(parent_pid, who=f"rank {rank}")
+    try:
+        result = function(*args, **kwargs)
+        returned = result if environment["LOCAL_RANK"] == "0" else None
+        payload = pickle.dumps(("ok", pickle.dumps(returned)))
+    except BaseException:
+        connection.send_bytes(pickle.dumps(("error", traceback.format_exc())))
+        connection.close()
+        sys.exit(1)
+    connection.send_bytes(payload)
+    connection.close()
+
+
+def _check_cuda_not_initialized() -> None:
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        raise RuntimeError(
+            "CUDA was initialised in this process before forking, and a forked process cannot use it. Use a "
+            "strategy that spawns (e.g. 'ddp_spawn') or re-runs the script ('ddp'), or do not touch CUDA "
+            "before fit."
+        )

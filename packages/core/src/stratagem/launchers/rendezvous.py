@@ -1,0 +1,53 @@
+"""What a launcher tells each rank it starts, and the rendezvous port check done before starting."""
+
+from __future__ import annotations
+
+import errno
+import socket
+
+from stratagem.environments.cluster_environment import ClusterEnvironment
+
+
+def rank_environment(
+    cluster_environment: ClusterEnvironment, local_rank: int, num_processes: int, num_nodes: int
+) -> dict[str, str]:
+    """The variables that place a process started by a launcher at ``local_rank`` on this node.
+
+    Reading ``main_port`` here fixes the port (a free one is chosen when ``MASTER_PORT`` is
+    unset), so every rank agrees on it.
+    """
+    return {
+        "MASTER_ADDR": cluster_environment.main_address,
+        "MASTER_PORT": str(cluster_environment.main_port),
+        "NODE_RANK": str(cluster_environment.node_rank()),
+        "LOCAL_RANK": str(local_rank),
+        "WORLD_SIZE": str(num_processes * num_nodes),
+    }
+
+
+def check_main_port_free(cluster_environment: ClusterEnvironment) -> None:
+    """Raise ``ValueError`` when node 0 would host the rendezvous on a port something already uses.
+
+    Without this, rank 0 fails deep inside ``init_process_group`` after the other ranks
+    have started and are waiting for it.
+    """
+    if cluster_environment.node_rank() != 0:
+        return
+    port = cluster_environment.main_port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        # Same options as torch's TCPStore: a port held only by closed connections is usable.
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("", port))
+        except OSError as error:
+            if error.errno != errno.EADDRINUSE:
+                raise
+            raise ValueError(port_in_use_message(port)) from None
+
+
+def port_in_use_message(port: int) -> str:
+    return (
+        f"MASTER_PORT={port} is already in use on this machine (by another run or another program), so rank 0 "
+        "cannot host the process-group rendezvous there. Set MASTER_PORT to a free port, or unset it and "
+        "stratagem chooses a free one."
+    )
