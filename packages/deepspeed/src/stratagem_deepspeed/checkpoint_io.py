@@ -1,0 +1,104 @@
+"""DeepSpeed checkpoint directories as plain state, for any strategy and world size."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from stratagem.checkpoint_io import CheckpointIO, PathLike
+from stratagem_deepspeed.checkpoint_layout import (
+    METADATA_KEY,
+    STATE_FILE,
+    is_deepspeed_checkpoint,
+    publish,
+    read_tag,
+    removed_on_error,
+    temporary_sibling,
+    write_state_file,
+)
+
+
+class DeepSpeedCheckpointIO(CheckpointIO):
+    """Reads a DeepSpeed checkpoint directory as ``{"module": full fp32 state dict, **plain entries}``.
+
+    The fp32 master weights are gathered from the ZeRO shards, so ``single_device``, ``ddp``,
+    ``fsdp`` or a DeepSpeed run with another world size can load what two DeepSpeed processes
+    saved. Written directly (without the strategy's engine), a checkpoint is a directory holding
+    only the plain state, which this IO reads back the same way.
+    """
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: PathLike) -> None:
+        target = Path(path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        temporary = temporary_sibling(target)
+        temporary.mkdir()
+        with removed_on_error(temporary):
+            write_state_file(temporary, checkpoint)
+            publish(temporary, target)
+
+    def load_checkpoint(
+        self,
+        path: PathLike,
+        map_location: torch.device | str | None = "cpu",
+        weights_only: bool = True,
+    ) -> dict[str, Any]:
+        return read_checkpoint(Path(path), map_location=map_location, weights_only=weights_only)
+
+    def remove_checkpoint(self, path: PathLike) -> None:
+        target = Path(path)
+        if target.is_dir():
+            shutil.rmtree(target)
+        else:
+            target.unlink(missing_ok=True)
+
+    @classmethod
+    def can_read(cls, path: PathLike) -> bool:
+        return is_deepspeed_checkpoint(path)
+
+
+def read_checkpoint(
+    directory: Path,
+    tag: str | None = None,
+    map_location: torch.device | str | None = "cpu",
+    weights_only: bool = True,
+) -> dict[str, Any]:
+    """The whole checkpoint in ``directory`` as plain state (see :class:`DeepSpeedCheckpointIO`)."""
+    if not is_deepspeed_checkpoint(directory):
+        raise ValueError(
+            f"{str(directory)!r} is not a DeepSpeed checkpoint directory (no 'latest' file and no {STATE_FILE})."
+        )
+    checkpoint = read_state_file(directory, map_location=map_location, weights_only=weights_only)
+    metadata = checkpoint.pop(METADATA_KEY, {})
+    module_key = metadata.get("module_key", "module")
+    tag = tag or read_tag(directory)
+    if module_key not in checkpoint and tag is not None:
+        from stratagem_deepspeed.shards import check_weights_only, gather_fp32_weights
+
+        if weights_only:
+            check_weights_only(directory, tag)
+        weights = gather_fp32_weights(directory, tag)
+        if map_location is not None:
+            weights = {name: value.to(map_location) for name, value in weights.items()}
+        checkpoint[module_key] = weights
+    return checkpoint
+
+
+def read_state_file(
+    directory: Path, map_location: torch.device | str | None = "cpu", weights_only: bool = True
+) -> dict[str, Any]:
+    """The plain entries stratagem saved beside DeepSpeed's shards (``{}`` for a bare DeepSpeed directory)."""
+    path = directory / STATE_FILE
+    if not path.is_file():
+        return {}
+    try:
+        return dict(torch.load(path, map_location=map_location, weights_only=weights_only))
+    except Exception as error:
+        if weights_only and "weights_only" in str(error):
+            raise RuntimeError(
+                f"{str(path)!r} holds objects that a weights-only load refuses. If you trust the checkpoint, "
+                "load it with weights_only=False."
+            ) from error
+        raise

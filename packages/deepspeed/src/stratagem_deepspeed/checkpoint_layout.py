@@ -1,0 +1,122 @@
+"""What a DeepSpeed checkpoint directory holds, and how one is published atomically.
+
+Layout (``<tag>`` is DeepSpeed's, e.g. ``global_step100``)::
+
+    path/
+      latest                      DeepSpeed: the tag to load
+      <tag>/*_model_states.pt     DeepSpeed: module (rank 0, or one per rank at stage 3)
+      <tag>/*_optim_states.pt     DeepSpeed: one optimizer shard per rank
+      zero_to_fp32.py             DeepSpeed's offline consolidation script
+      stratagem_state.pt          stratagem: the plain entries (loops, ...) and how the rest was saved
+
+Nothing here imports deepspeed, so recognising a directory stays cheap.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+
+STATE_FILE = "stratagem_state.pt"
+LATEST_FILE = "latest"
+METADATA_KEY = "__stratagem_deepspeed__"
+"""Key in :data:`STATE_FILE` under which the strategy records how the checkpoint was saved."""
+
+
+def is_deepspeed_checkpoint(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` is a directory written by DeepSpeed (``latest`` names a tag) or by this package."""
+    directory = Path(path)
+    if not directory.is_dir():
+        return False
+    return (directory / LATEST_FILE).is_file() or (directory / STATE_FILE).is_file()
+
+
+def read_tag(directory: Path) -> str | None:
+    """The tag ``latest`` names, or ``None`` when the directory has no DeepSpeed shards."""
+    latest = directory / LATEST_FILE
+    if not latest.is_file():
+        return None
+    tag = latest.read_text().strip()
+    if not (directory / tag).is_dir():
+        raise ValueError(f"{str(latest)!r} names the tag {tag!r}, but {str(directory / tag)!r} is missing.")
+    return tag
+
+
+def shard_world_size(directory: Path, tag: str) -> int:
+    """How many data-parallel ranks wrote the shards of ``tag`` (one optimizer file each)."""
+    return len(list((directory / tag).glob("*zero_pp_rank_*_mp_rank_*_optim_states.pt"))) or 1
+
+
+def write_state_file(directory: Path, state: dict[str, Any]) -> None:
+    """Write ``state`` as :data:`STATE_FILE` in ``directory``, flushed to disk."""
+    target = directory / STATE_FILE
+    with open(target, "wb") as stream:
+        torch.save(state, stream)
+        stream.flush()
+        os.fsync(stream.fileno())
+
+
+def temporary_sibling(target: Path) -> Path:
+    """A fresh name next to ``target`` on the same filesystem, so that the final rename is atomic."""
+    return target.parent / f".{target.name}.tmp-{uuid.uuid4().hex[:12]}"
+
+
+def publish(temporary: Path, target: Path) -> None:
+    """Move the finished directory ``temporary`` to ``target``, replacing what was there.
+
+    A reader sees either the old checkpoint or the new one, never a mix: the new directory is
+    complete before it takes the name, and an old one is moved aside first and removed after.
+    """
+    _fsync_tree(temporary)
+    previous = None
+    if target.exists():
+        previous = temporary_sibling(target)
+        os.replace(target, previous)
+    os.replace(temporary, target)
+    _fsync_directory(target.parent)
+    if previous is not None:
+        if previous.is_dir():
+            shutil.rmtree(previous)
+        else:
+            previous.unlink()
+
+
+@contextmanager
+def removed_on_error(temporary: Path) -> Iterator[None]:
+    """Remove the half-written ``temporary`` if the block fails."""
+    try:
+        yield
+    except BaseException:
+        shutil.rmtree(temporary, ignore_errors=True)
+        raise
+
+
+def _fsync_tree(root: Path) -> None:
+    for directory, _, files in os.walk(root):
+        for name in files:
+            descriptor = os.open(os.path.join(directory, name), os.O_RDONLY)
+            try:
+                os.fsync(descriptor)
+            finally:
+                os.close(descriptor)
+        _fsync_directory(Path(directory))
+
+
+def _fsync_directory(directory: Path) -> None:
+    try:
+        descriptor = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(descriptor)
+    except OSError:
+        pass
+    finally:
+        os.close(descriptor)

@@ -1,0 +1,64 @@
+"""Importing DeepSpeed for the right device, and checking what its optional ops need."""
+
+from __future__ import annotations
+
+import os
+from types import ModuleType
+
+ACCELERATOR_VARIABLE = "DS_ACCELERATOR"
+
+_DEEPSPEED_ACCELERATORS = {"cpu": "cpu", "cuda": "cuda", "mps": "mps"}
+"""stratagem device type -> DeepSpeed accelerator name."""
+
+
+def import_deepspeed() -> ModuleType:
+    """``deepspeed``, imported on first use (it takes seconds) with a clear error when missing."""
+    try:
+        import deepspeed
+    except ImportError as error:
+        raise ImportError(
+            f"The DeepSpeed strategies need deepspeed, which failed to import ({error}): "
+            'pip install "stratagem[deepspeed]" (or pip install "deepspeed>=0.14").'
+        ) from error
+    return deepspeed
+
+
+def select_deepspeed_accelerator(device_type: str) -> None:
+    """Make DeepSpeed use the accelerator the run was resolved for, in this process and the ones it starts.
+
+    DeepSpeed picks its accelerator once, at import, by probing the hardware; a run asked for
+    ``accelerator="cpu"`` on a GPU machine must not end up on the GPU.
+    """
+    wanted = _DEEPSPEED_ACCELERATORS.get(device_type)
+    if wanted is None:
+        raise ValueError(
+            f"The DeepSpeed strategies do not support accelerator={device_type!r}; use one of "
+            f"{', '.join(map(repr, _DEEPSPEED_ACCELERATORS))}."
+        )
+    current = os.environ.get(ACCELERATOR_VARIABLE)
+    if current is not None and current != wanted:
+        raise ValueError(
+            f"The environment sets {ACCELERATOR_VARIABLE}={current!r}, but the run uses accelerator={device_type!r}. "
+            f"Unset {ACCELERATOR_VARIABLE}, or set it to {wanted!r}."
+        )
+    os.environ[ACCELERATOR_VARIABLE] = wanted
+
+
+def async_io_problem() -> str | None:
+    """Why DeepSpeed's async_io op (NVMe offload) cannot be built here, or ``None`` when it can."""
+    from deepspeed.accelerator import get_accelerator
+
+    builder = get_accelerator().create_op_builder("AsyncIOBuilder")
+    if builder is None:
+        return (
+            f"NVMe offload needs DeepSpeed's async_io op, which DeepSpeed does not provide for its "
+            f"{get_accelerator().device_name()!r} accelerator. Offload to 'cpu' instead."
+        )
+    if builder.is_compatible(verbose=False):
+        return None
+    return (
+        "NVMe offload (offload to 'nvme', or remote_device='nvme') needs DeepSpeed's async_io op, which needs the "
+        "libaio library and headers, and they were not found (DeepSpeed's compile-and-link test of io_submit "
+        "failed). Install them: apt-get install libaio-dev (Debian/Ubuntu) or yum install libaio-devel "
+        "(RHEL/Fedora); if libaio is installed elsewhere, point CFLAGS and LDFLAGS at it. Or offload to 'cpu'."
+    )

@@ -1,0 +1,499 @@
+"""DeepSpeedStrategy: ZeRO stages 0-3 with optional CPU/NVMe offload, driven through DeepSpeed's engine."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import warnings
+from collections.abc import Iterator, Mapping
+from datetime import timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
+
+import torch
+from torch import nn
+from torch.optim import Optimizer
+
+from stratagem.accelerators import Accelerator
+from stratagem.checkpoint_io import CheckpointIO, PathLike
+from stratagem.environments.cluster_environment import ClusterEnvironment
+from stratagem.launchers import Launcher, check_start_method, create_launcher
+from stratagem.precision import Precision
+from stratagem.strategies import LoopSettings, ParallelStrategy
+from stratagem.strategies._init_contexts import skip_parameter_init
+from stratagem.strategies.parallel import DEFAULT_TIMEOUT
+from stratagem_deepspeed import checkpoint_layout as layout
+from stratagem_deepspeed.checkpoint_io import DeepSpeedCheckpointIO, read_state_file
+from stratagem_deepspeed.config import ZeroOptions, load_config, offload_devices, reconcile, zero_stage
+from stratagem_deepspeed.environment import (
+    async_io_problem,
+    import_deepspeed,
+    select_deepspeed_accelerator,
+)
+
+if TYPE_CHECKING:
+    from deepspeed import DeepSpeedEngine
+
+
+class DeepSpeedStrategy(ParallelStrategy):
+    """Data parallelism through DeepSpeed's engine: ZeRO stage 1 shards optimizer state, stage 2
+    also gradients, stage 3 also parameters (built sharded in ``configure_model``); each can
+    offload to CPU memory or NVMe.
+
+    The engine owns backward, the optimizer step, gradient accumulation and clipping; the
+    Trainer drives it through this strategy's methods. Without ``config``, the options below
+    build DeepSpeed's config; with one (a dict, a JSON path, or ``STRATAGEM_DEEPSPEED_CONFIG_PATH``)
+    they are ignored. Either way the Trainer's precision, gradient accumulation, clipping and
+    batch size are filled in, and a config that contradicts them is refused before launch.
+
+    Args:
+        stage: ZeRO stage, 0-3.
+        offload_optimizer: keep optimizer state (and run its step) in ``offload_optimizer_device``.
+        offload_parameters: keep parameters in ``offload_params_device`` (stage 3).
+        remote_device: where ``configure_model`` creates stage-3 parameters (``"cpu"``, ``"nvme"``;
+            default: the process's device).
+        offload_params_device, offload_optimizer_device: ``"cpu"`` or ``"nvme"``.
+        nvme_path: directory for NVMe offload files (needs DeepSpeed's async_io op, i.e. libaio).
+        allgather_bucket_size, reduce_bucket_size: communication bucket sizes, in elements.
+        cpu_checkpointing: move checkpointed activations to CPU (not on accelerator="cpu").
+        partition_activations: shard checkpointed activations across processes.
+        contiguous_gradients, overlap_comm: DeepSpeed's ZeRO performance switches.
+        logging_level: level of DeepSpeed's logger.
+        save_full_weights: also store the gathered fp32 module in each checkpoint, so that readers
+            need neither DeepSpeed nor the shards to load its weights.
+        config: DeepSpeed config (dict or JSON file path), replacing the options above.
+        start_method: how processes start (``"popen"`` re-runs the script; or a multiprocessing method).
+    """
+
+    handles_gradient_accumulation: ClassVar[bool] = True
+    max_optimizers: ClassVar[int | None] = 1
+
+    def __init__(
+        self,
+        accelerator: Accelerator | None = None,
+        *,
+        stage: int = 2,
+        offload_optimizer: bool = False,
+        offload_parameters: bool = False,
+        remote_device: Literal["cpu", "nvme"] | None = None,
+        offload_params_device: Literal["cpu", "nvme"] = "cpu",
+        offload_optimizer_device: Literal["cpu", "nvme"] = "cpu",
+        nvme_path: str | os.PathLike[str] = "/local_nvme",
+        allgather_bucket_size: int | float = 200_000_000,
+        reduce_bucket_size: int | float = 200_000_000,
+        cpu_checkpointing: bool = False,
+        partition_activations: bool = False,
+        contiguous_gradients: bool = True,
+        overlap_comm: bool = True,
+        logging_level: int = logging.WARNING,
+        save_full_weights: bool = False,
+        config: Mapping[str, Any] | str | os.PathLike[str] | None = None,
+        start_method: str = "popen",
+        precision: Precision | None = None,
+        checkpoint_io: CheckpointIO | None = None,
+        parallel_devices: list[torch.device] | None = None,
+        cluster_environment: ClusterEnvironment | None = None,
+        process_group_backend: str | None = None,
+        timeout: timedelta | float = DEFAULT_TIMEOUT,
+    ) -> None:
+        super().__init__(
+            accelerator=accelerator,
+            precision=precision,
+            checkpoint_io=checkpoint_io,
+            parallel_devices=parallel_devices,
+            cluster_environment=cluster_environment,
+            process_group_backend=process_group_backend,
+            timeout=timeout,
+        )
+        if remote_device not in (None, "cpu", "nvme"):
+            raise ValueError(
+                f"DeepSpeedStrategy(remote_device={remote_device!r}) is not valid; expected None, 'cpu' or 'nvme'."
+            )
+        self.remote_device = remote_device
+        self.options = ZeroOptions(
+            stage=stage,
+            offload_optimizer=offload_optimizer,
+            offload_parameters=offload_parameters,
+            offload_optimizer_device=offload_optimizer_device,
+            offload_params_device=offload_params_device,
+            nvme_path=str(nvme_path),
+            allgather_bucket_size=int(allgather_bucket_size),
+            reduce_bucket_size=int(reduce_bucket_size),
+            contiguous_gradients=contiguous_gradients,
+            overlap_comm=overlap_comm,
+            partition_activations=partition_activations,
+            cpu_checkpointing=cpu_checkpointing,
+        )
+        self.user_config = load_config(config)
+        self.logging_level = logging_level
+        self.save_full_weights = save_full_weights
+        self.start_method = check_start_method(start_method)
+        self.micro_batch_size: int | None = None
+        self._config: dict[str, Any] | None = None
+        self._launcher: Launcher | None = None
+        self._engine: DeepSpeedEngine | None = None
+
+    # -- wiring (calling process) -------------------------------------------------------------
+
+    def configure(
+        self,
+        *,
+        accelerator: Accelerator,
+        devices: list[torch.device],
+        num_nodes: int,
+        precision: Precision,
+        checkpoint_io: CheckpointIO | None,
+        cluster_environment: ClusterEnvironment,
+    ) -> None:
+        super().configure(
+            accelerator=accelerator,
+            devices=devices,
+            num_nodes=num_nodes,
+            precision=precision,
+            checkpoint_io=checkpoint_io,
+            cluster_environment=cluster_environment,
+        )
+        select_deepspeed_accelerator(self.accelerator.device_type)
+        self._reconcile()
+        if "nvme" in offload_devices(self.config).values() or self.remote_device == "nvme":
+            problem = async_io_problem()
+            if problem is not None:
+                raise RuntimeError(problem)
+        self._launcher = create_launcher(self.start_method, self._environment, self.num_processes, self.num_nodes)
+
+    def connect_loop_settings(self, settings: LoopSettings) -> None:
+        super().connect_loop_settings(settings)
+        if self._accelerator is not None and self.parallel_devices:
+            self._reconcile()
+
+    def _reconcile(self) -> None:
+        base = self.user_config if self.user_config is not None else self.options.to_config()
+        settings = self.loop_settings
+        self._config = reconcile(
+            base,
+            user_given=self.user_config is not None,
+            precision_name=self.precision.name,
+            device_type=self.accelerator.device_type,
+            accumulate_grad_batches=settings.accumulate_grad_batches,
+            gradient_clip_val=settings.gradient_clip_val,
+            gradient_clip_algorithm=settings.gradient_clip_algorithm,
+            micro_batch_size=self.micro_batch_size,
+            world_size=self.num_processes * self.num_nodes,
+        )
+
+    @property
+    def config(self) -> dict[str, Any]:
+        """The DeepSpeed config this run uses (the options or the user's, reconciled with the Trainer)."""
+        if self._config is None:
+            raise RuntimeError("DeepSpeedStrategy has no config yet; create it with stratagem.resolve().")
+        return self._config
+
+    @property
+    def zero_stage(self) -> int:
+        return zero_stage(self.config)
+
+    @property
+    def launcher(self) -> Launcher:
+        if self._launcher is None:
+            raise RuntimeError("DeepSpeedStrategy has no launcher yet; create it with stratagem.resolve().")
+        return self._launcher
+
+    @property
+    def checkpoint_io(self) -> CheckpointIO:
+        if self._checkpoint_io is None:
+            self._checkpoint_io = DeepSpeedCheckpointIO()
+        return self._checkpoint_io
+
+    @checkpoint_io.setter
+    def checkpoint_io(self, checkpoint_io: CheckpointIO) -> None:
+        self._checkpoint_io = checkpoint_io
+
+    @property
+    def checkpoint_is_directory(self) -> bool:
+        return True
+
+    # -- lifecycle (in every worker) ------------------------------------------------------------
+
+    def setup_environment(self) -> None:
+        # DeepSpeed reads its rank from the environment, whatever started this process.
+        environment = self._environment
+        self._set_world_ranks()
+        os.environ.update(
+            {
+                "RANK": str(environment.global_rank()),
+                "LOCAL_RANK": str(environment.local_rank()),
+                "WORLD_SIZE": str(environment.world_size()),
+            }
+        )
+        super().setup_environment()
+        deepspeed = import_deepspeed()
+        deepspeed.utils.logging.logger.setLevel(self.logging_level)
+        deepspeed.init_distributed(dist_backend=self.process_group_backend, timeout=self.timeout)
+
+    @contextlib.contextmanager
+    def module_init_context(self, empty_init: bool | None = None) -> Iterator[None]:
+        if self.zero_stage != 3:
+            with super().module_init_context(empty_init):
+                yield
+            return
+        deepspeed = import_deepspeed()
+        with contextlib.ExitStack() as stack:
+            if empty_init:
+                stack.enter_context(skip_parameter_init())
+            # Parameters are partitioned across ranks as each submodule is created.
+            stack.enter_context(
+                deepspeed.zero.Init(
+                    config_dict_or_path=self.config,
+                    remote_device=self.remote_device,
+                    enabled=True,
+                )
+            )
+            yield
+
+    def setup_module(self, module: nn.Module) -> nn.Module:
+        # The engine is built with the optimizer (setup_optimizers); until then the module runs as is.
+        self._module = self._model = module
+        return module
+
+    def setup_optimizers(self, optimizers: list[Optimizer]) -> list[Optimizer]:
+        optimizers = super().setup_optimizers(optimizers)
+        has_config_optimizer = "optimizer" in self.config
+        if optimizers and has_config_optimizer:
+            raise ValueError(
+                f"Two optimizers were given: configure_optimizers returned {type(optimizers[0]).__name__} and the "
+                f"DeepSpeed config has an 'optimizer' section ({self.config['optimizer'].get('type')!r}). DeepSpeed "
+                "takes one: return nothing from configure_optimizers, or remove 'optimizer' from the config."
+            )
+        if not optimizers and not has_config_optimizer:
+            raise ValueError(
+                "DeepSpeed needs an optimizer: return one from configure_optimizers, or add an 'optimizer' section "
+                "to the DeepSpeed config."
+            )
+        client_optimizer = optimizers[0] if optimizers else None
+        if client_optimizer is not None:
+            self._warn_about_slow_offloaded_optimizer(client_optimizer)
+        deepspeed = import_deepspeed()
+        engine, _, _, _ = deepspeed.initialize(
+            model=self.module,
+            optimizer=client_optimizer,
+            model_parameters=None if client_optimizer else [p for p in self.module.parameters() if p.requires_grad],
+            config=self.config,
+            dist_init_required=False,
+        )
+        self._engine = engine
+        self._model = engine
+        # The torch optimizer the engine steps: schedulers and the Trainer see its param_groups, while
+        # backward and step go through the engine (which wraps it in ZeRO's partitioned optimizer).
+        return [engine.basic_optimizer]
+
+    def _warn_about_slow_offloaded_optimizer(self, optimizer: Optimizer) -> None:
+        if "optimizer" not in offload_devices(self.config) or not self.is_global_zero:
+            return
+        if isinstance(optimizer, torch.optim.Adam | torch.optim.AdamW):
+            warnings.warn(
+                f"The optimizer state is offloaded, so {type(optimizer).__name__}.step runs on the CPU in plain "
+                "PyTorch. deepspeed.ops.adam.DeepSpeedCPUAdam (adamw_mode=True for AdamW) computes the same step "
+                "several times faster; create it in configure_optimizers instead.",
+                UserWarning,
+                stacklevel=2,
+            )
+
+    @property
+    def engine(self) -> DeepSpeedEngine:
+        """The DeepSpeed engine wrapping the module (after :meth:`setup_optimizers`)."""
+        if self._engine is None:
+            raise RuntimeError("The DeepSpeed engine is created by setup_optimizers(), which has not run yet.")
+        return self._engine
+
+    def backward(self, loss: torch.Tensor, optimizer: Optimizer | None) -> None:
+        # The engine scales by 1/accumulation itself, applies loss scaling and reduces gradients.
+        self.engine.backward(loss)
+
+    def optimizer_step(self, optimizer: Optimizer) -> Any:
+        # Called on every micro-batch; the engine steps, clips and zeroes only on the accumulation boundary.
+        return self.engine.step()
+
+    def zero_grad(self, optimizer: Optimizer) -> None:
+        """The engine zeroes gradients after its own step; zeroing here would drop accumulated micro-batches."""
+
+    def clip_gradients(
+        self, optimizer: Optimizer, clip_val: float, algorithm: Literal["norm", "value"] = "norm"
+    ) -> torch.Tensor | None:
+        configured = float(self.config.get("gradient_clipping", 0.0))
+        if algorithm != "norm" or float(clip_val) != configured:
+            raise ValueError(
+                f"DeepSpeed clips inside its engine step, with the configured gradient_clipping={configured}; "
+                f"clip_gradients(clip_val={clip_val}, algorithm={algorithm!r}) cannot change that. Pass "
+                "gradient_clip_val to the Trainer (or gradient_clipping in the config) instead."
+            )
+        return None
+
+    # -- checkpoints ----------------------------------------------------------------------------
+
+    def save_checkpoint(self, path: PathLike, state: dict[str, Any]) -> None:
+        target = Path(path).absolute()
+        module_key, optimizers_key, plain = self._split_state(state)
+        temporary = self.broadcast(layout.temporary_sibling(target) if self.is_global_zero else None)
+        full_weights = self.module_full_state_dict() if self.save_full_weights else None
+        with layout.removed_on_error(temporary):
+            self.engine.save_checkpoint(str(temporary))
+            if self.is_global_zero:
+                metadata = {
+                    "module_key": module_key,
+                    "optimizers_key": optimizers_key,
+                    "world_size": self.world_size,
+                    "zero_stage": self.zero_stage,
+                }
+                entries = {**plain, layout.METADATA_KEY: metadata}
+                if full_weights is not None:
+                    entries[module_key] = full_weights
+                layout.write_state_file(temporary, entries)
+            self.barrier("save_checkpoint: every rank wrote its shards")
+            if self.is_global_zero:
+                layout.publish(temporary, target)
+        self.barrier("save_checkpoint: published")
+
+    def _split_state(self, state: dict[str, Any]) -> tuple[str, str | None, dict[str, Any]]:
+        module_key = None
+        optimizers_key = None
+        plain = {}
+        for key, value in state.items():
+            if isinstance(value, nn.Module):
+                if value is not self.module and value is not self._model:
+                    raise ValueError(
+                        f"save_checkpoint: state[{key!r}] is a module this strategy did not set up; DeepSpeed saves "
+                        "only the module of its engine."
+                    )
+                module_key = key
+            elif isinstance(value, Optimizer) or (
+                isinstance(value, list | tuple) and value and isinstance(value[0], Optimizer)
+            ):
+                optimizers_key = key
+            else:
+                plain[key] = value
+        if module_key is None:
+            raise ValueError("save_checkpoint: state has no module; pass {'module': module, ...}.")
+        return module_key, optimizers_key, plain
+
+    def load_checkpoint(
+        self, path: PathLike, state: dict[str, Any], strict: bool = True, weights_only: bool = True
+    ) -> dict[str, Any]:
+        directory = Path(path)
+        if self._resumable(directory):
+            return self._resume(directory, state, strict, weights_only)
+        return self._load_full_weights(directory, state, strict, weights_only)
+
+    def _resumable(self, directory: Path) -> bool:
+        """Whether DeepSpeed's engine can load ``directory`` as it is: same layout, stage and world size."""
+        if self._engine is None or not layout.is_deepspeed_checkpoint(directory):
+            return False
+        tag = layout.read_tag(directory)
+        if tag is None:
+            return False
+        metadata = read_state_file(directory).get(layout.METADATA_KEY, {})
+        saved_stage = metadata.get("zero_stage", self.zero_stage)
+        return saved_stage == self.zero_stage and layout.shard_world_size(directory, tag) == self.world_size
+
+    def _resume(self, directory: Path, state: dict[str, Any], strict: bool, weights_only: bool) -> dict[str, Any]:
+        from stratagem_deepspeed.shards import check_weights_only
+
+        tag = layout.read_tag(directory)
+        assert tag is not None
+        if weights_only:
+            check_weights_only(directory, tag)
+        entries = read_state_file(directory, weights_only=weights_only)
+        metadata = entries.pop(layout.METADATA_KEY, {})
+        wants_optimizer = any(_is_optimizers(value) for value in state.values())
+        loaded, _ = self.engine.load_checkpoint(
+            str(directory),
+            tag=tag,
+            load_module_strict=strict,
+            load_optimizer_states=wants_optimizer,
+            load_lr_scheduler_states=wants_optimizer,
+            load_module_only=not wants_optimizer,
+        )
+        if loaded is None:
+            raise RuntimeError(f"DeepSpeed could not load the checkpoint {str(directory)!r} (tag {tag!r}).")
+        entries.pop(metadata.get("module_key", "module"), None)
+        for key, value in state.items():
+            if not isinstance(value, nn.Module) and not _is_optimizers(value):
+                continue
+            entries.pop(key, None)
+        return entries
+
+    def _load_full_weights(
+        self, directory: Path, state: dict[str, Any], strict: bool, weights_only: bool
+    ) -> dict[str, Any]:
+        from stratagem.checkpoint_io.readers import read_full_checkpoint
+
+        checkpoint = read_full_checkpoint(directory, self.checkpoint_io, weights_only=weights_only)
+        remaining = dict(checkpoint)
+        for key, target in state.items():
+            if isinstance(target, nn.Module):
+                self._load_module_state(remaining.pop(key), strict)
+            elif _is_optimizers(target):
+                saved = remaining.pop(key, None)
+                if saved is not None:
+                    raise ValueError(
+                        f"The checkpoint {str(directory)!r} holds optimizer state in a layout DeepSpeed cannot "
+                        "take (another strategy or world size wrote it). Load its weights only: pass "
+                        "{'module': module} without the optimizers."
+                    )
+        return remaining
+
+    def _load_module_state(self, weights: Mapping[str, torch.Tensor], strict: bool) -> None:
+        deepspeed = import_deepspeed()
+        module = self.module
+        missing = sorted(set(module.state_dict()) - set(weights))
+        unexpected = sorted(set(weights) - set(module.state_dict()))
+        if strict and (missing or unexpected):
+            raise RuntimeError(
+                f"The checkpoint does not match the module: missing keys {missing}, unexpected keys {unexpected}. "
+                "Load with strict=False to skip them."
+            )
+        named = dict(module.named_parameters())
+        # Every rank reads the same weights; at stage 3 rank 0's copy is the one re-partitioned.
+        with deepspeed.zero.GatheredParameters(list(named.values()), modifier_rank=0):
+            module.load_state_dict(dict(weights), strict=False)
+        if self._engine is None:
+            return
+        for name, parameter in named.items():
+            if name in weights:
+                # The optimizer's fp32 master copy, which the next step would otherwise copy back.
+                deepspeed.utils.safe_set_full_fp32_param(parameter, weights[name].to(torch.float32))
+
+    def module_full_state_dict(self) -> dict[str, Any]:
+        deepspeed = import_deepspeed()
+        module = self.module
+        full: dict[str, Any] = {}
+        parameters = dict(module.named_parameters(remove_duplicate=False))
+        for name, value in module.state_dict(keep_vars=True).items():
+            parameter = parameters.get(name)
+            if parameter is None:
+                full[name] = value.detach().cpu()
+                continue
+            gathered = deepspeed.utils.safe_get_full_fp32_param(parameter) if self._engine is not None else None
+            if gathered is None:
+                with deepspeed.zero.GatheredParameters([parameter]):
+                    gathered = parameter.detach().to(torch.float32).clone()
+            full[name] = gathered.cpu()
+        return full if self.is_global_zero else {}
+
+    def teardown(self) -> None:
+        if self._engine is not None:
+            self._engine.destroy()
+        self._engine = None
+        super().teardown()
+
+    def __repr__(self) -> str:
+        return (
+            f"DeepSpeedStrategy(stage={self.options.stage if self._config is None else self.zero_stage}, "
+            f"devices={self.num_processes}, num_nodes={self.num_nodes})"
+        )
+
+
+def _is_optimizers(value: Any) -> bool:
+    return isinstance(value, Optimizer) or (
+        isinstance(value, list | tuple) and bool(value) and isinstance(value[0], Optimizer)
+    )
