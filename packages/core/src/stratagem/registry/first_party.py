@@ -43,7 +43,10 @@ PACKAGES: tuple[FirstPartyPackage, ...] = (
         extra="fsdp",
         distribution="stratagem-fsdp",
         prefixes=("fsdp",),
-        names={"strategy": ("fsdp", "fsdp_cpu_offload", "fsdp_spawn", "fsdp_fork")},
+        names={
+            "strategy": ("fsdp", "fsdp_cpu_offload", "fsdp_spawn", "fsdp_fork"),
+            "checkpoint IO": ("distributed_checkpoint",),
+        },
     ),
     FirstPartyPackage(
         extra="deepspeed",
@@ -60,6 +63,7 @@ PACKAGES: tuple[FirstPartyPackage, ...] = (
                 "deepspeed_stage_3_offload",
                 "deepspeed_stage_3_offload_nvme",
             ),
+            "checkpoint IO": ("deepspeed",),
         },
     ),
     FirstPartyPackage(
