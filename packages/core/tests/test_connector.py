@@ -233,27 +233,50 @@ def test_an_environment_plugin_is_validated_against_devices_before_anything_star
 # -- environment detection ------------------------------------------------------------------
 
 
-def test_plugin_environments_are_asked_before_the_built_in_ones(tmp_path, monkeypatch):
+@pytest.fixture
+def plugin_environments(tmp_path, monkeypatch):
+    """``add(distribution)`` installs a fake plugin registering the environment ``AlwaysHere`` (detected
+    everywhere) as ``always_here``; ``registry.environments`` is a fresh registry that discovers them."""
     tag = uuid.uuid4().hex[:8]
     group = f"stratagem_test_{tag}.environments"
-    module = f"cluster_plugin_{tag}"
-    (tmp_path / f"{module}.py").write_text(
-        "from stratagem.environments import LocalEnvironment\n\n"
-        "class AlwaysHere(LocalEnvironment):\n"
-        "    pass\n\n"
-        "def register(registry):\n"
-        f"    registry.register('always_here', '{module}:AlwaysHere', description='Detected everywhere.')\n"
-    )
-    info = tmp_path / "cluster_plugin-1.0.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: cluster-plugin\nVersion: 1.0\n")
-    (info / "entry_points.txt").write_text(f"[{group}]\nalways_here = {module}:register\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    importlib.invalidate_caches()
-    environments = Registry("environment", group, _builtins.register_environments)
-    monkeypatch.setattr(registry, "environments", environments)
-    monkeypatch.setenv("SLURM_NTASKS", "1")
-    try:
-        assert type(detect_environment()).__name__ == "AlwaysHere"
-    finally:
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    modules = []
+
+    def add(distribution):
+        module = f"{distribution.replace('-', '_')}_{tag}"
+        directory = tmp_path / distribution
+        directory.mkdir()
+        (directory / f"{module}.py").write_text(
+            "from stratagem.environments import LocalEnvironment\n\n"
+            "class AlwaysHere(LocalEnvironment):\n"
+            "    pass\n\n"
+            "def register(registry):\n"
+            f"    registry.register('always_here', '{module}:AlwaysHere', description='Detected everywhere.')\n"
+        )
+        info = directory / f"{distribution.replace('-', '_')}-1.0.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {distribution}\nVersion: 1.0\n")
+        (info / "entry_points.txt").write_text(f"[{group}]\nalways_here = {module}:register\n")
+        sys.path.insert(0, str(directory))
+        importlib.invalidate_caches()
+        modules.append(module)
+
+    monkeypatch.setattr(registry, "environments", Registry("environment", group, _builtins.register_environments))
+    yield add
+    for module in modules:
         sys.modules.pop(module, None)
+
+
+def test_plugin_environments_are_asked_before_the_built_in_ones(plugin_environments, monkeypatch):
+    plugin_environments("cluster-plugin")
+    monkeypatch.setenv("SLURM_NTASKS", "1")
+    assert type(detect_environment()).__name__ == "AlwaysHere"
+
+
+def test_two_plugins_claiming_one_environment_name_do_not_break_detection(plugin_environments, monkeypatch):
+    plugin_environments("cluster-plugin")
+    plugin_environments("other-cluster-plugin")
+    monkeypatch.setenv("SLURM_NTASKS", "1")
+    assert isinstance(detect_environment(), SLURMEnvironment)
+    [problem] = registry.environments.problems()
+    assert problem.distribution == "cluster-plugin and other-cluster-plugin"

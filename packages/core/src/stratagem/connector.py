@@ -72,18 +72,26 @@ def detect_environment() -> ClusterEnvironment:
     """
     environments = registry.environments
     builtin_order = ["torchelastic", "slurm", "lsf", "mpi", "kubeflow"]
-    plugin_names = [
-        name
-        for name in environments.names()
-        if environments.get(name).distribution != registry.registry.BUILTIN_DISTRIBUTION
-    ]
-    for name in [*plugin_names, *builtin_order]:
+    for name in [*_plugin_names(environments), *builtin_order]:
         if name not in environments or environments.describe(name).reason is not None:
             continue
         environment_class = environments.load_target(name)
         if environment_class.detect():
             return environments.create(name)
     return environments.create("local")
+
+
+def _plugin_names(kind_registry: registry.Registry) -> list[str]:
+    """Names registered by plugins, leaving out names two plugins claim (``stratagem doctor`` reports those)."""
+    names = []
+    for name in kind_registry.names():
+        try:
+            distribution = kind_registry.get(name).distribution
+        except ValueError:
+            continue
+        if distribution != registry.registry.BUILTIN_DISTRIBUTION:
+            names.append(name)
+    return names
 
 
 def is_interactive() -> bool:
@@ -163,12 +171,7 @@ def _resolve_accelerator(accelerator: Any, strategy: Strategy | None) -> Acceler
 
 def _auto_accelerator_name() -> str:
     accelerators = registry.accelerators
-    plugins = [
-        name
-        for name in accelerators.names()
-        if accelerators.get(name).distribution != registry.registry.BUILTIN_DISTRIBUTION
-    ]
-    for name in [*plugins, "cuda", "mps"]:
+    for name in [*_plugin_names(accelerators), "cuda", "mps"]:
         if name in accelerators and accelerators.describe(name).available:
             return name
     return "cpu"
