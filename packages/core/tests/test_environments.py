@@ -278,6 +278,12 @@ def test_lsf_rejects_devices_that_contradict_the_rank_count(monkeypatch, tmp_pat
         LSFEnvironment().validate_settings(num_devices=4, num_nodes=2)
 
 
+def test_lsf_node_rank_matches_a_fully_qualified_hostname_to_a_short_host_name(monkeypatch, tmp_path):
+    _jsrun(monkeypatch, tmp_path)
+    monkeypatch.setattr("socket.gethostname", lambda: "h2.cluster.example")
+    assert LSFEnvironment().node_rank() == 1
+
+
 def test_lsf_node_rank_fails_on_a_host_outside_the_job(monkeypatch, tmp_path):
     _jsrun(monkeypatch, tmp_path)
     monkeypatch.setattr("socket.gethostname", lambda: "elsewhere")

@@ -59,9 +59,12 @@ class LSFEnvironment(ClusterEnvironment):
     def node_rank(self) -> int:
         hosts = self.compute_hosts()
         hostname = socket.gethostname()
-        for candidate in (hostname, hostname.split(".")[0]):
-            if candidate in hosts:
-                return hosts.index(candidate)
+        if hostname in hosts:
+            return hosts.index(hostname)
+        # The rank file and the host may disagree on the domain part (short name vs FQDN).
+        short_names = [host.split(".")[0] for host in hosts]
+        if hostname.split(".")[0] in short_names:
+            return short_names.index(hostname.split(".")[0])
         raise ValueError(f"This host ({hostname}) is not among the LSF job's compute hosts {hosts}.")
 
     def compute_hosts(self) -> list[str]:

@@ -141,7 +141,10 @@ def _split_outside_brackets(text: str) -> list[str]:
     depth = 0
     current: list[str] = []
     for char in text:
-        depth += {"[": 1, "]": -1}.get(char, 0)
+        if char == "[":
+            depth += 1
+        elif char == "]":
+            depth -= 1
         if depth < 0 or depth > 1:
             raise ValueError(f"The SLURM node list {text!r} has unbalanced or nested brackets.")
         if char == "," and depth == 0:
