@@ -1,0 +1,291 @@
+"""Checkpoint directories in torch.distributed.checkpoint (DCP) format: written in shards, read whole or resharded."""
+
+from __future__ import annotations
+
+import io
+import os
+import pickle
+import shutil
+import uuid
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import DefaultLoadPlanner, FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
+
+from stratagem.checkpoint_io import CheckpointIO, PathLike
+from stratagem_fsdp.optimizer_state import is_name_keyed, to_index_keyed
+
+METADATA_FILE = ".metadata"
+PLAIN_STATE_FILE = "plain_state.pt"
+
+
+class DistributedCheckpointIO(CheckpointIO):
+    """A checkpoint directory that torch.distributed.checkpoint wrote, plus one file of plain entries.
+
+    Model state dicts and optimizer state dicts (or lists of them) are written through DCP:
+    every rank writes the shards it holds, and a reader at any world size reads the pieces it
+    needs. Every other entry (loop counters, precision state, ...) is written by rank 0 to
+    ``plain_state.pt``. The directory is assembled under a temporary name and renamed into place.
+
+    :meth:`save_checkpoint` is collective: every rank of the default process group calls it
+    (one process without a group writes everything itself). :meth:`load_checkpoint` needs no
+    process group and returns everything whole, with optimizer states in the plain
+    ``Optimizer.state_dict()`` layout, so any strategy loads it. DCP's own ``.metadata`` file is
+    a pickle read by torch regardless of ``weights_only``: load only directories you trust.
+    """
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: PathLike) -> None:
+        target = Path(path)
+        sharded = {key: value for key, value in checkpoint.items() if _is_sharded_state(value)}
+        plain = {key: value for key, value in checkpoint.items() if key not in sharded}
+        grouped = _group_ready()
+        is_writer = not grouped or dist.get_rank() == 0
+        staging = _staging_directory(target, create=is_writer, grouped=grouped)
+        try:
+            with _quiet_single_process_warning():
+                dcp.save(sharded, storage_writer=FileSystemWriter(staging), no_dist=not grouped)
+        except BaseException:
+            if is_writer:
+                shutil.rmtree(staging, ignore_errors=True)
+            raise
+        failure: BaseException | None = None
+        if is_writer:
+            try:
+                _write_file(plain, staging / PLAIN_STATE_FILE)
+                _move_into_place(staging, target)
+            except BaseException as error:
+                shutil.rmtree(staging, ignore_errors=True)
+                failure = error
+        outcome = _broadcast(None if failure is None else f"{type(failure).__name__}: {failure}", grouped)
+        if failure is not None:
+            raise failure
+        if outcome is not None:
+            raise RuntimeError(f"Writing the checkpoint {str(target)!r} failed on rank 0: {outcome}")
+
+    def load_checkpoint(
+        self,
+        path: PathLike,
+        map_location: torch.device | str | None = "cpu",
+        weights_only: bool = True,
+    ) -> dict[str, Any]:
+        directory = _existing_checkpoint(path)
+        checkpoint = _read_whole(directory, keys=None, weights_only=weights_only)
+        checkpoint = {key: _plain_optimizer_states(value) for key, value in checkpoint.items()}
+        checkpoint.update(_read_plain_entries(directory, weights_only))
+        if map_location is not None and torch.device(map_location).type != "cpu":
+            checkpoint = _move(checkpoint, torch.device(map_location))
+        return checkpoint
+
+    def load_into(
+        self, path: PathLike, template: dict[str, Any], strict: bool = True, weights_only: bool = True
+    ) -> dict[str, Any]:
+        """Read the checkpoint's values for the keys of ``template`` into its tensors, in place.
+
+        ``template`` holds state dicts shaped like the ones saved, possibly sharded differently
+        (another world size): each rank reads the pieces its shards need. Collective when a
+        process group exists. Returns the other entries, except optimizer states nobody asked
+        for (they would be read whole on every rank for nothing).
+        """
+        directory = _existing_checkpoint(path)
+        planner = _CheckedLoadPlanner(weights_only=weights_only, allow_partial_load=not strict)
+        with _quiet_single_process_warning():
+            dcp.load(template, storage_reader=FileSystemReader(directory), planner=planner, no_dist=not _group_ready())
+        unrequested = [key for key in _top_level_keys(directory) if key not in template]
+        others = _read_whole(directory, keys=set(unrequested), weights_only=weights_only) if unrequested else {}
+        others = {key: value for key, value in others.items() if not _holds_optimizer_states(value)}
+        return {**others, **_read_plain_entries(directory, weights_only)}
+
+    def remove_checkpoint(self, path: PathLike) -> None:
+        target = Path(path)
+        if target.is_dir():
+            shutil.rmtree(target)
+        else:
+            target.unlink(missing_ok=True)
+
+    @classmethod
+    def can_read(cls, path: PathLike) -> bool:
+        return (Path(path) / METADATA_FILE).is_file()
+
+
+class _WeightsOnlyBytes:
+    """Refuses, when ``weights_only``, non-tensor entries that a weights-only ``torch.load`` refuses.
+
+    DCP unpickles non-tensor entries without restriction; checking them with a weights-only
+    load first keeps stratagem's safe default for everything but DCP's own metadata.
+    """
+
+    weights_only: bool
+
+    def load_bytes(self, read_item: Any, value: io.BytesIO) -> None:
+        if self.weights_only:
+            try:
+                torch.load(value, weights_only=True)
+            except pickle.UnpicklingError as error:
+                raise RuntimeError(
+                    f"The checkpoint entry {read_item.dest_index.fqn!r} holds objects that a weights-only load "
+                    "refuses. If you trust the checkpoint, load it with weights_only=False."
+                ) from error
+            value.seek(0)
+        super().load_bytes(read_item, value)  # type: ignore[misc]
+
+
+class _CheckedLoadPlanner(_WeightsOnlyBytes, DefaultLoadPlanner):
+    def __init__(self, weights_only: bool, allow_partial_load: bool) -> None:
+        super().__init__(allow_partial_load=allow_partial_load)
+        self.weights_only = weights_only
+
+
+class _WholeCheckpointPlanner(_WeightsOnlyBytes, _EmptyStateDictLoadPlanner):
+    """Builds the state from the checkpoint's metadata instead of a template (no model needed)."""
+
+    def __init__(self, keys: set[str] | None, weights_only: bool) -> None:
+        super().__init__(keys=keys)
+        self.weights_only = weights_only
+
+
+def _read_whole(directory: Path, keys: set[str] | None, weights_only: bool) -> dict[str, Any]:
+    planner = _WholeCheckpointPlanner(keys, weights_only)
+    with _quiet_single_process_warning():
+        dcp.load({}, storage_reader=FileSystemReader(directory), planner=planner, no_dist=True)
+    # dcp.load hands the planner a fresh dict to fill; the planner keeps the filled one.
+    return dict(planner.original_state_dict)
+
+
+def _top_level_keys(directory: Path) -> list[str]:
+    metadata = FileSystemReader(directory).read_metadata()
+    paths = metadata.planner_data or {}
+    return sorted({str(paths[key][0]) if key in paths else key.split(".")[0] for key in metadata.state_dict_metadata})
+
+
+def _read_plain_entries(directory: Path, weights_only: bool) -> dict[str, Any]:
+    file = directory / PLAIN_STATE_FILE
+    if not file.is_file():
+        return {}
+    try:
+        return torch.load(file, map_location="cpu", weights_only=weights_only)
+    except pickle.UnpicklingError as error:
+        raise RuntimeError(
+            f"{str(file)!r} holds objects that a weights-only load refuses. If you trust the checkpoint, load it "
+            "with weights_only=False."
+        ) from error
+
+
+def _existing_checkpoint(path: PathLike) -> Path:
+    directory = Path(path)
+    if not DistributedCheckpointIO.can_read(directory):
+        raise FileNotFoundError(
+            f"No torch.distributed.checkpoint directory at {str(directory)!r} (no {METADATA_FILE})."
+        )
+    return directory
+
+
+def _is_sharded_state(value: object) -> bool:
+    """Model state dicts and optimizer states (or lists of them): what DCP stores and reshards."""
+    if _is_optimizer_state(value):
+        return True
+    if isinstance(value, list | tuple):
+        return bool(value) and all(_is_optimizer_state(item) for item in value)
+    return (
+        isinstance(value, dict)
+        and bool(value)
+        and all(isinstance(key, str) and isinstance(item, torch.Tensor) for key, item in value.items())
+    )
+
+
+def _is_optimizer_state(value: object) -> bool:
+    return isinstance(value, dict) and "param_groups" in value
+
+
+def _holds_optimizer_states(value: object) -> bool:
+    if isinstance(value, list | tuple):
+        return any(_is_optimizer_state(item) for item in value)
+    return _is_optimizer_state(value)
+
+
+def _plain_optimizer_states(value: Any) -> Any:
+    """Optimizer states in the plain layout; DCP drops empty dicts, so a missing per-parameter state is empty."""
+    if isinstance(value, list):
+        return [_plain_optimizer_states(item) for item in value]
+    if _is_optimizer_state(value):
+        state = {"state": {}, **value}
+        return to_index_keyed(state) if is_name_keyed(state) else state
+    return value
+
+
+def _move(value: Any, device: torch.device) -> Any:
+    from torch.utils._pytree import tree_map
+
+    return tree_map(lambda item: item.to(device) if isinstance(item, torch.Tensor) else item, value)
+
+
+def _group_ready() -> bool:
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def _broadcast(value: Any, grouped: bool) -> Any:
+    if not grouped:
+        return value
+    holder = [value]
+    dist.broadcast_object_list(holder, src=0)
+    return holder[0]
+
+
+def _staging_directory(target: Path, create: bool, grouped: bool) -> Path:
+    """A fresh directory beside ``target``, made by rank 0; every rank gets its name."""
+    name = None
+    if create:
+        staging = target.parent / f".{target.name}.{uuid.uuid4().hex[:12]}.partial"
+        staging.mkdir(parents=True)
+        name = str(staging)
+    return Path(_broadcast(name, grouped))
+
+
+def _write_file(state: dict[str, Any], file: Path) -> None:
+    with open(file, "wb") as stream:
+        torch.save(state, stream)
+        stream.flush()
+        os.fsync(stream.fileno())
+
+
+def _move_into_place(staging: Path, target: Path) -> None:
+    """Rename ``staging`` to ``target``; a previous checkpoint there is moved aside first, then deleted."""
+    _fsync_directory(staging)
+    if target.exists() or target.is_symlink():
+        retired = target.with_name(f".{target.name}.{uuid.uuid4().hex[:12]}.old")
+        os.replace(target, retired)
+        os.replace(staging, target)
+        if retired.is_dir():
+            shutil.rmtree(retired, ignore_errors=True)
+        else:
+            retired.unlink(missing_ok=True)
+    else:
+        os.replace(staging, target)
+    _fsync_directory(target.parent)
+
+
+def _fsync_directory(directory: Path) -> None:
+    try:
+        descriptor = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(descriptor)
+    except OSError:
+        pass
+    finally:
+        os.close(descriptor)
+
+
+@contextmanager
+def _quiet_single_process_warning() -> Iterator[None]:
+    # DCP warns whenever it runs without collectives; here that is intended (one process, or a local read).
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
+        yield

@@ -1,0 +1,34 @@
+"""What stratagem-fsdp registers; named by its entry points and kept free of heavy imports."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from stratagem.registry import Registry
+
+_STRATEGY = "stratagem_fsdp.strategy:FSDPStrategy"
+_REQUIRES = "torch>=2.6"
+
+
+def register_strategies(registry: Registry) -> None:
+    for name, defaults, description in (
+        ("fsdp", {}, "Fully sharded data parallel (fully_shard): parameters, gradients and optimizer state sharded."),
+        (
+            "fsdp_cpu_offload",
+            {"cpu_offload": True},
+            "fsdp with shards and optimizer steps kept in CPU memory (cpu_offload=True).",
+        ),
+        ("fsdp_spawn", {"start_method": "spawn"}, "fsdp with ranks started by multiprocessing's spawn."),
+        ("fsdp_fork", {"start_method": "fork"}, "fsdp with ranks forked from the calling process (notebooks)."),
+    ):
+        registry.register(name, _STRATEGY, description=description, requires=_REQUIRES, defaults=defaults)
+
+
+def register_checkpoint_io(registry: Registry) -> None:
+    registry.register(
+        "distributed_checkpoint",
+        "stratagem_fsdp.checkpoint_io:DistributedCheckpointIO",
+        description="torch.distributed.checkpoint directories: each rank writes its shards; any strategy reads them.",
+        requires=_REQUIRES,
+    )

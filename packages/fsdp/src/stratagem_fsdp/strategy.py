@@ -1,0 +1,384 @@
+"""FSDPStrategy: fully sharded data parallel training on PyTorch's ``fully_shard``."""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, Literal, cast
+
+import torch
+from torch import nn
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy
+from torch.distributed.tensor import DTensor
+from torch.optim import Optimizer
+
+from stratagem.accelerators import Accelerator
+from stratagem.checkpoint_io import CheckpointIO, PathLike, read_full_checkpoint
+from stratagem.environments.cluster_environment import ClusterEnvironment
+from stratagem.launchers import Launcher, check_start_method, create_launcher
+from stratagem.precision import Precision
+from stratagem.strategies import ParallelStrategy
+from stratagem.strategies.parallel import DEFAULT_TIMEOUT
+from stratagem_fsdp.checkpoint_io import DistributedCheckpointIO
+from stratagem_fsdp.materialize import has_meta_tensors, materialize
+from stratagem_fsdp.optimizer_state import parameter_names, to_index_keyed, to_name_keyed
+from stratagem_fsdp.options import (
+    ModulePolicy,
+    ModuleSelector,
+    ShardingLayout,
+    ShardingStrategyName,
+    StateDictType,
+    check_cpu_offload,
+    check_device_mesh,
+    check_fully_shard_kwargs,
+    check_mixed_precision,
+    check_state_dict_type,
+    mixed_precision_policy,
+    offload_policy,
+    sharding_layout,
+    sharding_strategy_name,
+)
+from stratagem_fsdp.wrapping import ShardedRoot, apply_activation_checkpointing, shard_module, sharded_root_of
+
+_FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
+
+
+class FSDPStrategy(ParallelStrategy):
+    """Shards parameters, gradients and optimizer state over the ranks with PyTorch's ``fully_shard`` (FSDP2).
+
+    Runs on CPU (gloo) and CUDA (nccl). Options:
+
+    - ``sharding_strategy``: ``"FULL_SHARD"`` (default), ``"SHARD_GRAD_OP"``, ``"NO_SHARD"`` or
+      ``"HYBRID_SHARD"`` (torch's ``ShardingStrategy`` members are accepted too); see the
+      package README for how each maps onto ``fully_shard``. ``device_mesh=(replicate, shard)``
+      shapes ``"HYBRID_SHARD"`` (default: ``(num_nodes, devices)``).
+    - ``auto_wrap_policy``: which submodules become their own FSDP unit (gathered one at a
+      time): a set of module classes or a callable. The root is always a unit.
+    - ``activation_checkpointing_policy``: which submodules recompute activations in backward.
+    - ``cpu_offload``: ``True`` or a ``CPUOffloadPolicy`` keeps shards and optimizer steps on the CPU.
+    - ``mixed_precision``: a ``MixedPrecisionPolicy``; by default derived from the Trainer's precision.
+    - ``state_dict_type``: ``"sharded"`` (a directory, each rank writing its shards) or
+      ``"full"`` (one file written by rank 0). Both load into any strategy and world size.
+    - ``start_method``: how processes start (``"popen"``, ``"spawn"``, ``"fork"``, ``"forkserver"``).
+    - other keyword options go to ``fully_shard`` (``reshard_after_forward``, ``shard_placement_fn``, ...).
+    """
+
+    def __init__(
+        self,
+        accelerator: Accelerator | None = None,
+        precision: Precision | None = None,
+        checkpoint_io: CheckpointIO | None = None,
+        parallel_devices: list[torch.device] | None = None,
+        cluster_environment: ClusterEnvironment | None = None,
+        process_group_backend: str | None = None,
+        timeout: timedelta | float = DEFAULT_TIMEOUT,
+        cpu_offload: bool | OffloadPolicy = False,
+        mixed_precision: MixedPrecisionPolicy | None = None,
+        auto_wrap_policy: ModulePolicy | None = None,
+        activation_checkpointing_policy: ModulePolicy | None = None,
+        sharding_strategy: ShardingStrategyName | Any = "FULL_SHARD",
+        state_dict_type: StateDictType = "sharded",
+        device_mesh: tuple[int, int] | None = None,
+        start_method: str = "popen",
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(
+            accelerator=accelerator,
+            precision=precision,
+            checkpoint_io=checkpoint_io,
+            parallel_devices=parallel_devices,
+            cluster_environment=cluster_environment,
+            process_group_backend=process_group_backend,
+            timeout=timeout,
+        )
+        self.sharding_strategy = sharding_strategy_name(sharding_strategy)
+        self.state_dict_type = check_state_dict_type(state_dict_type)
+        self.cpu_offload = check_cpu_offload(cpu_offload)
+        self.mixed_precision = check_mixed_precision(mixed_precision)
+        self._device_mesh_shape = check_device_mesh(device_mesh, self.sharding_strategy)
+        self._auto_wrap = ModuleSelector.from_option("auto_wrap_policy", auto_wrap_policy)
+        self._activation_checkpointing = ModuleSelector.from_option(
+            "activation_checkpointing_policy", activation_checkpointing_policy
+        )
+        self.start_method = check_start_method(start_method)
+        self._fully_shard_kwargs = check_fully_shard_kwargs(kwargs)
+        self._layout: ShardingLayout | None = None
+        self._offload_policy: OffloadPolicy | None = None
+        self._device_mesh: DeviceMesh | None = None
+        self._launcher: Launcher | None = None
+
+    def configure(
+        self,
+        *,
+        accelerator: Accelerator,
+        devices: list[torch.device],
+        num_nodes: int,
+        precision: Precision,
+        checkpoint_io: CheckpointIO | None,
+        cluster_environment: ClusterEnvironment,
+    ) -> None:
+        super().configure(
+            accelerator=accelerator,
+            devices=devices,
+            num_nodes=num_nodes,
+            precision=precision,
+            checkpoint_io=checkpoint_io,
+            cluster_environment=cluster_environment,
+        )
+        self._layout = sharding_layout(
+            self.sharding_strategy, self.num_processes * self.num_nodes, self.num_nodes, self._device_mesh_shape
+        )
+        self._offload_policy = offload_policy(self.cpu_offload, self.accelerator.device_type)
+
+    @property
+    def launcher(self) -> Launcher:
+        if self._launcher is None:
+            self._launcher = create_launcher(self.start_method, self._environment, self.num_processes, self.num_nodes)
+        return self._launcher
+
+    @property
+    def checkpoint_is_directory(self) -> bool:
+        return self.state_dict_type == "sharded"
+
+    @property
+    def device_mesh(self) -> DeviceMesh:
+        """The mesh parameters are sharded over; available from :meth:`setup_environment` on.
+
+        For modules sharded by hand in ``configure_model``: ``fully_shard(block, mesh=strategy.device_mesh)``.
+        """
+        if self._device_mesh is None:
+            raise RuntimeError("FSDPStrategy.device_mesh exists once setup_environment() has run in the worker.")
+        return self._device_mesh
+
+    def setup_environment(self) -> None:
+        super().setup_environment()
+        layout = self._configured_layout
+        self._device_mesh = init_device_mesh(
+            self.root_device.type, layout.mesh_shape, mesh_dim_names=layout.mesh_dim_names
+        )
+
+    @contextlib.contextmanager
+    def module_init_context(self, empty_init: bool | None = None) -> Iterator[None]:
+        # Unless asked not to, build on the meta device: no memory, no initialisation until setup_module
+        # has sharded the module and materialises each rank's shards.
+        if empty_init is False:
+            with super().module_init_context(empty_init):
+                yield
+            return
+        with torch.device("meta"), self.precision.module_init_context():
+            yield
+
+    def setup_module(self, module: nn.Module) -> nn.Module:
+        root = sharded_root_of(module)
+        if root is not None:
+            # Set up before in this process (fit, then test): its parameters are already shards.
+            self._module, self._model = module, root
+            return root
+        module = self.precision.convert_module(module)
+        if self._activation_checkpointing is not None:
+            apply_activation_checkpointing(module, self._activation_checkpointing)
+        unit_kwargs = {
+            "reshard_after_forward": self._configured_layout.reshard_after_forward,
+            "mp_policy": mixed_precision_policy(self.mixed_precision, self.precision),
+            "offload_policy": self._configured_offload_policy,
+            **self._fully_shard_kwargs,
+        }
+        # The root's parameters are needed again as soon as backward starts: freeing them after the
+        # step's forward would only gather them again at once (fully_shard's own default for roots).
+        root_kwargs = {
+            **unit_kwargs,
+            "reshard_after_forward": self._fully_shard_kwargs.get("reshard_after_forward", False),
+        }
+        root = shard_module(module, self._auto_wrap, self.device_mesh, unit_kwargs, root_kwargs)
+        if has_meta_tensors(root):
+            offloaded = isinstance(self._configured_offload_policy, CPUOffloadPolicy)
+            storage = torch.device("cpu") if offloaded else self.root_device
+            uninitialised = materialize(root, storage, self.root_device)
+            if uninitialised and self.is_global_zero:
+                names = ", ".join(name.removeprefix("module.") for name in uninitialised)
+                warnings.warn(
+                    f"Modules created on the meta device hold uninitialised memory because they define no "
+                    f"reset_parameters(): {names}. Define it, load weights into them, or create the model with "
+                    "empty_init=False.",
+                    stacklevel=2,
+                )
+        self._module, self._model = module, root
+        return root
+
+    def setup_optimizers(self, optimizers: list[Optimizer]) -> list[Optimizer]:
+        optimizers = super().setup_optimizers(optimizers)
+        for optimizer in optimizers:
+            parameter_names(self.module, optimizer)
+        return optimizers
+
+    def no_backward_sync(self, enabled: bool) -> contextlib.AbstractContextManager[Any]:
+        if not enabled:
+            return contextlib.nullcontext()
+        return self._without_gradient_sync()
+
+    @contextlib.contextmanager
+    def _without_gradient_sync(self) -> Iterator[None]:
+        root = cast(FSDPModule, self._sharded_root)
+        root.set_requires_gradient_sync(False)
+        try:
+            yield
+        finally:
+            root.set_requires_gradient_sync(True)
+
+    def clip_gradients(
+        self, optimizer: Optimizer, clip_val: float, algorithm: Literal["norm", "value"] = "norm"
+    ) -> torch.Tensor | None:
+        self.precision.unscale_gradients(optimizer)
+        parameters = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+        if algorithm == "value":
+            torch.nn.utils.clip_grad_value_(parameters, clip_val)
+            return None
+        # Each rank holds a shard of every gradient: the norm of the whole gradient needs their sum.
+        norm = torch.nn.utils.get_total_norm([p.grad for p in parameters])
+        if isinstance(norm, DTensor):
+            norm = norm.full_tensor()
+        torch.nn.utils.clip_grads_with_norm_(parameters, clip_val, norm)
+        return norm
+
+    # -- checkpoints ------------------------------------------------------------------------
+
+    def save_checkpoint(self, path: PathLike, state: dict[str, Any]) -> None:
+        if self.state_dict_type == "sharded":
+            sharded = {key: self._state_of_sharded(value) for key, value in state.items()}
+            self._distributed_checkpoint_io.save_checkpoint(sharded, path)
+            return
+        full = {key: self._state_of_full(value) for key, value in state.items()}
+        if self.is_global_zero:
+            self.checkpoint_io.save_checkpoint(full, path)
+        self.barrier("save_checkpoint")
+
+    def load_checkpoint(
+        self, path: PathLike, state: dict[str, Any], strict: bool = True, weights_only: bool = True
+    ) -> dict[str, Any]:
+        targets = {key: value for key, value in state.items() if _is_live(value)}
+        if DistributedCheckpointIO.can_read(path):
+            template = {key: self._state_of_sharded(target) for key, target in targets.items()}
+            remaining = self._distributed_checkpoint_io.load_into(path, template, strict, weights_only)
+            for key, target in targets.items():
+                self._load_state(target, template[key], StateDictOptions(strict=strict))
+            return remaining
+        return self._load_whole_checkpoint(Path(path), targets, strict, weights_only)
+
+    def _load_whole_checkpoint(
+        self, path: Path, targets: dict[str, Any], strict: bool, weights_only: bool
+    ) -> dict[str, Any]:
+        """Rank 0 reads a whole checkpoint (any strategy's); each tensor is broadcast and every rank keeps its shard."""
+        checkpoint: dict[str, Any] = {}
+        problem = None
+        if self.is_global_zero:
+            checkpoint = read_full_checkpoint(path, self.checkpoint_io, weights_only=weights_only)
+            missing = [key for key in targets if key not in checkpoint]
+            if missing:
+                problem = (
+                    f"The checkpoint {str(path)!r} has no entry {', '.join(map(repr, missing))} to load; it has "
+                    f"{', '.join(map(repr, sorted(checkpoint)))}."
+                )
+        problem = self.broadcast(problem)
+        if problem:
+            raise KeyError(problem)
+        options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=strict)
+        for key, target in targets.items():
+            self._load_state(target, checkpoint.pop(key, None), options, index_keyed=True)
+        return self.broadcast(checkpoint if self.is_global_zero else None)
+
+    def module_full_state_dict(self) -> dict[str, Any]:
+        return get_model_state_dict(self.module, options=_FULL)
+
+    def _state_of_sharded(self, value: Any) -> Any:
+        if isinstance(value, nn.Module):
+            return get_model_state_dict(value)
+        if isinstance(value, Optimizer):
+            return get_optimizer_state_dict(self.module, value)
+        if _is_optimizer_list(value):
+            return [self._state_of_sharded(optimizer) for optimizer in value]
+        return value
+
+    def _state_of_full(self, value: Any) -> Any:
+        """Whole state on rank 0 (gathered one tensor at a time onto its CPU); other ranks get ``{}``."""
+        if isinstance(value, nn.Module):
+            return get_model_state_dict(value, options=_FULL)
+        if isinstance(value, Optimizer):
+            state = get_optimizer_state_dict(self.module, value, options=_FULL)
+            return to_index_keyed(state) if state else state
+        if _is_optimizer_list(value):
+            return [self._state_of_full(optimizer) for optimizer in value]
+        return value
+
+    def _load_state(self, target: Any, value: Any, options: StateDictOptions, index_keyed: bool = False) -> None:
+        """Load ``value`` into ``target``. Whole states broadcast from rank 0 come with ``index_keyed`` optimizers."""
+        if isinstance(target, nn.Module):
+            set_model_state_dict(target, value or {}, options=options)
+        elif isinstance(target, Optimizer):
+            if index_keyed and value:
+                value = to_name_keyed(value, parameter_names(self.module, target))
+            set_optimizer_state_dict(self.module, target, value or {}, options=options)
+        else:
+            values = value if value is not None else [None] * len(target)
+            if len(values) != len(target):
+                raise ValueError(
+                    f"The checkpoint holds {len(values)} optimizer state(s) for {len(target)} optimizer(s)."
+                )
+            for optimizer, optimizer_state in zip(target, values):
+                self._load_state(optimizer, optimizer_state, options, index_keyed)
+
+    @property
+    def _distributed_checkpoint_io(self) -> DistributedCheckpointIO:
+        if isinstance(self._checkpoint_io, DistributedCheckpointIO):
+            return self._checkpoint_io
+        return DistributedCheckpointIO()
+
+    # -- state set up by configure / setup_* --------------------------------------------------
+
+    @property
+    def _configured_layout(self) -> ShardingLayout:
+        if self._layout is None:
+            raise RuntimeError("FSDPStrategy is not configured yet; create it with stratagem.resolve().")
+        return self._layout
+
+    @property
+    def _configured_offload_policy(self) -> OffloadPolicy:
+        if self._offload_policy is None:
+            raise RuntimeError("FSDPStrategy is not configured yet; create it with stratagem.resolve().")
+        return self._offload_policy
+
+    @property
+    def _sharded_root(self) -> ShardedRoot:
+        model = self.model
+        if not isinstance(model, ShardedRoot):
+            raise RuntimeError("setup_module() has not been called")
+        return model
+
+    def teardown(self) -> None:
+        super().teardown()
+        self._device_mesh = None
+
+    def __repr__(self) -> str:
+        return (
+            f"FSDPStrategy(devices={self.num_processes}, num_nodes={self.num_nodes}, "
+            f"sharding_strategy={self.sharding_strategy!r}, state_dict_type={self.state_dict_type!r}, "
+            f"cpu_offload={self.cpu_offload!r}, start_method={self.start_method!r})"
+        )
+
+
+def _is_optimizer_list(value: Any) -> bool:
+    return isinstance(value, list | tuple) and bool(value) and all(isinstance(item, Optimizer) for item in value)
+
+
+def _is_live(value: Any) -> bool:
+    return isinstance(value, nn.Module | Optimizer) or _is_optimizer_list(value)

@@ -1,0 +1,120 @@
+"""Turning the user's module into FSDP units: activation checkpointing, then ``fully_shard`` per policy and root."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterator
+from typing import Any
+
+from torch import nn
+from torch.distributed._composable import checkpoint
+from torch.distributed._composable.contract import _get_registry
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
+from torch.distributed.fsdp import FSDPModule, fully_shard
+
+from stratagem_fsdp.options import ModuleSelector
+
+
+class ShardedRoot(nn.Module):
+    """The outermost FSDP unit: holds the user's module and calls it.
+
+    FSDP gathers a unit's parameters in hooks around that unit's ``__call__``. The Trainer
+    calls a step method (``training_step``) through the root's forward, so all root-level
+    parameters are gathered for the whole step, whichever submodules the step uses. Sharding
+    the user's module itself would instead run those hooks again when the step calls
+    ``self(x)``.
+    """
+
+    def __init__(self, module: nn.Module) -> None:
+        super().__init__()
+        self.module = module
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self.module(*args, **kwargs)
+
+
+_ROOT_ATTRIBUTE = "_stratagem_fsdp_root"
+
+
+def sharded_root_of(module: nn.Module) -> ShardedRoot | None:
+    """The root that :func:`shard_module` made for ``module``, if it did."""
+    root = module.__dict__.get(_ROOT_ATTRIBUTE)
+    return root if isinstance(root, ShardedRoot) else None
+
+
+def has_activation_checkpointing(module: nn.Module) -> bool:
+    """Whether any submodule is already checkpointed (by ``checkpoint_wrapper`` or composable ``checkpoint``)."""
+    return any(
+        isinstance(sub, CheckpointWrapper) or "checkpoint" in (_get_registry(sub) or {}) for sub in module.modules()
+    )
+
+
+def apply_activation_checkpointing(module: nn.Module, selector: ModuleSelector) -> None:
+    """Recompute the activations of the outermost selected submodules in backward instead of keeping them.
+
+    Uses the composable ``checkpoint``, which adds hooks and keeps parameter names unchanged
+    (so checkpoints stay portable). Nothing is applied where checkpointing already is.
+    """
+    if has_activation_checkpointing(module):
+        warnings.warn(
+            "activation_checkpointing_policy is set, but the module already has checkpointed submodules; "
+            "leaving them as they are and applying nothing more.",
+            stacklevel=3,
+        )
+        return
+    for submodule in _outermost(module, lambda sub: selector(sub, _numel(sub))):
+        checkpoint(submodule)
+
+
+def shard_module(
+    module: nn.Module,
+    selector: ModuleSelector | None,
+    mesh: Any,
+    unit_kwargs: dict[str, Any],
+    root_kwargs: dict[str, Any],
+) -> ShardedRoot:
+    """Apply ``fully_shard`` to the submodules ``selector`` picks (children before parents), then to a root.
+
+    Submodules the user already sharded, and everything inside them, are left as they are.
+    """
+    if selector is not None:
+        for submodule in _selected_post_order(module, selector):
+            fully_shard(submodule, mesh=mesh, **unit_kwargs)
+    root = ShardedRoot(module)
+    fully_shard(root, mesh=mesh, **root_kwargs)
+    # Kept outside nn.Module's registry: the root must not become a submodule of its own child.
+    object.__setattr__(module, _ROOT_ATTRIBUTE, root)
+    return root
+
+
+def _selected_post_order(module: nn.Module, selector: ModuleSelector) -> list[nn.Module]:
+    selected: list[nn.Module] = []
+
+    def visit(current: nn.Module) -> int:
+        """Add selected descendants of ``current``; return its parameter count not yet in a selected unit."""
+        remaining = sum(parameter.numel() for parameter in current.parameters(recurse=False))
+        for child in current.children():
+            if isinstance(child, FSDPModule):
+                continue
+            child_remaining = visit(child)
+            if selector(child, child_remaining):
+                selected.append(child)
+            else:
+                remaining += child_remaining
+        return remaining
+
+    if not isinstance(module, FSDPModule):
+        visit(module)
+    return selected
+
+
+def _outermost(module: nn.Module, predicate: Any) -> Iterator[nn.Module]:
+    for child in module.children():
+        if predicate(child):
+            yield child
+        else:
+            yield from _outermost(child, predicate)
+
+
+def _numel(module: nn.Module) -> int:
+    return sum(parameter.numel() for parameter in module.parameters())
