@@ -18,12 +18,14 @@ class Subcommand:
 
 
 SUBCOMMANDS: dict[str, Subcommand] = {
-    "strategies": Subcommand("stratagem.cli.strategies", "list the strategies: where each comes from, usable here?"),
-    "accelerators": Subcommand("stratagem.cli.accelerators", "list the accelerators and whether each is usable here"),
-    "precisions": Subcommand("stratagem.cli.precisions", "list the precisions"),
-    "environments": Subcommand("stratagem.cli.environments", "list the cluster environments and which one is detected"),
+    "strategies": Subcommand("stratagem.cli.strategies", "list strategies: distribution, usable here or why not"),
+    "accelerators": Subcommand("stratagem.cli.accelerators", "list accelerators: distribution, usable here or why not"),
+    "precisions": Subcommand("stratagem.cli.precisions", "list precisions: distribution, usable here or why not"),
+    "environments": Subcommand(
+        "stratagem.cli.environments", "list cluster environments: which are detected, which is used"
+    ),
     "doctor": Subcommand(
-        "stratagem.cli.doctor", "versions, devices, detected cluster environment, plugins and their problems"
+        "stratagem.cli.doctor", "report versions, devices, cluster environment, plugins and their problems"
     ),
     "demo": Subcommand("stratagem.cli.demo", "train a small built-in model on synthetic data"),
     "consolidate": Subcommand("stratagem.cli.consolidate", "merge a sharded checkpoint into one file"),
