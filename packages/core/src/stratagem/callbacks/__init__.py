@@ -1,0 +1,8 @@
+"""Callbacks: code that runs at points of the Trainer's loops."""
+
+from stratagem.callbacks.callback import Callback
+from stratagem.callbacks.early_stopping import EarlyStopping
+from stratagem.callbacks.model_checkpoint import ModelCheckpoint
+from stratagem.callbacks.progress_bar import ProgressBar
+
+__all__ = ["Callback", "EarlyStopping", "ModelCheckpoint", "ProgressBar"]

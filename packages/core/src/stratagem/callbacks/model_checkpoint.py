@@ -1,0 +1,263 @@
+"""ModelCheckpoint: save checkpoints every N steps or epochs, keep the best k, and a ``last`` one."""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from stratagem.callbacks.callback import Callback, RunStage
+
+if TYPE_CHECKING:
+    from stratagem.module import Module
+    from stratagem.trainer.trainer import Trainer
+
+CHECKPOINT_SUFFIX = ".ckpt"
+LAST_NAME = "last"
+_PLACEHOLDER = re.compile(r"\{([^{}:]+)(?::([^{}]*))?\}")
+
+
+@dataclass
+class _SavePlan:
+    """What every rank does at one save point; decided on global zero and broadcast."""
+
+    path: str | None = None
+    score: float | None = None
+    remove: list[str] = field(default_factory=list)
+    last: str | None = None
+
+
+class ModelCheckpoint(Callback):
+    """Save checkpoints while fitting.
+
+    Saves every ``every_n_train_steps`` optimizer steps or every ``every_n_epochs`` epochs
+    (default: every epoch), and once more at the end of training when the final step was not
+    saved. Keeps the ``save_top_k`` best checkpoints by ``monitor`` (a logged metric, ``mode``
+    ``"min"`` or ``"max"``); without ``monitor`` it keeps the ``save_top_k`` most recent.
+    ``save_top_k=-1`` keeps all. ``save_last=True`` also writes ``last.ckpt`` at every save
+    point, ``save_last="link"`` makes it a symbolic link to the checkpoint just saved.
+
+    ``filename`` is a template such as ``"{epoch}-{val_loss:.3f}"``: ``{name}`` becomes
+    ``name=value`` from ``epoch``, ``step`` and the logged metrics. Checkpoints go to
+    ``dirpath`` (default ``<default_root_dir>/checkpoints``), as files or, for strategies
+    that save shards, as directories. Saving happens on every rank; global zero decides
+    which paths so that all ranks agree.
+    """
+
+    def __init__(
+        self,
+        dirpath: str | os.PathLike[str] | None = None,
+        filename: str | None = None,
+        monitor: str | None = None,
+        mode: Literal["min", "max"] = "min",
+        save_top_k: int = 1,
+        save_last: bool | Literal["link"] = False,
+        every_n_train_steps: int | None = None,
+        every_n_epochs: int | None = None,
+    ) -> None:
+        if mode not in ("min", "max"):
+            raise ValueError(f"ModelCheckpoint(mode={mode!r}) is not valid; use 'min' or 'max'.")
+        if isinstance(save_top_k, bool) or not isinstance(save_top_k, int) or save_top_k < -1:
+            raise ValueError(f"ModelCheckpoint(save_top_k={save_top_k!r}) is not valid; use -1 (all), 0 or more.")
+        if save_last not in (True, False, "link"):
+            raise ValueError(f"ModelCheckpoint(save_last={save_last!r}) is not valid; use True, False or 'link'.")
+        for name, value in (("every_n_train_steps", every_n_train_steps), ("every_n_epochs", every_n_epochs)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ValueError(f"ModelCheckpoint({name}={value!r}) is not valid; use a positive int or None.")
+        if every_n_train_steps is not None and every_n_epochs is not None:
+            raise ValueError(
+                f"ModelCheckpoint got every_n_train_steps={every_n_train_steps} and every_n_epochs={every_n_epochs}; "
+                "give one of them."
+            )
+        self.dirpath: Path | None = Path(dirpath) if dirpath is not None else None
+        self.filename = filename or "{epoch}-{step}"
+        self.monitor = monitor
+        self.mode = mode
+        self.save_top_k = save_top_k
+        self.save_last = save_last
+        self.every_n_train_steps = every_n_train_steps
+        self.every_n_epochs = every_n_epochs if every_n_train_steps is None else None
+        if self.every_n_epochs is None and every_n_train_steps is None:
+            self.every_n_epochs = 1
+        self.best_k_models: dict[str, float] = {}
+        self.best_model_path = ""
+        self.best_model_score: float | None = None
+        self.last_model_path = ""
+        self._last_saved_step = -1
+
+    @property
+    def state_key(self) -> str:
+        return (
+            f"ModelCheckpoint{{monitor={self.monitor!r}, mode={self.mode!r}, "
+            f"every_n_train_steps={self.every_n_train_steps}, every_n_epochs={self.every_n_epochs}}}"
+        )
+
+    # -- when to save ---------------------------------------------------------------------------
+
+    def setup(self, trainer: Trainer, module: Module, stage: RunStage) -> None:
+        if self.dirpath is None:
+            self.dirpath = Path(trainer.default_root_dir) / "checkpoints"
+
+    def on_train_batch_end(self, trainer: Trainer, module: Module, outputs: Any, batch: Any, batch_idx: int) -> None:
+        step = trainer.global_step
+        if self.every_n_train_steps and step > 0 and step % self.every_n_train_steps == 0:
+            self.save(trainer)
+
+    def on_train_epoch_end(self, trainer: Trainer, module: Module) -> None:
+        if self.every_n_epochs and (trainer.current_epoch + 1) % self.every_n_epochs == 0:
+            self.save(trainer)
+
+    def on_train_end(self, trainer: Trainer, module: Module) -> None:
+        # The final state is worth keeping when the run stopped between save points; a
+        # monitored top-k only takes checkpoints whose metric belongs to them.
+        if self.monitor is None or self.save_last:
+            self.save(trainer, top_k=self.monitor is None)
+
+    # -- saving ---------------------------------------------------------------------------------
+
+    def save(self, trainer: Trainer, top_k: bool = True) -> None:
+        """Save at the current step (once per step) on every rank, and drop checkpoints out of the top k."""
+        if trainer.global_step == self._last_saved_step:
+            return
+        plan = self._plan(trainer, top_k) if trainer.is_global_zero else None
+        plan = trainer.strategy.broadcast(plan)
+        if plan is None:
+            return
+        self._last_saved_step = trainer.global_step
+        if plan.path is not None:
+            trainer.save_checkpoint(plan.path)
+            self._record(plan.path, plan.score)
+        for path in plan.remove:
+            self.best_k_models.pop(path, None)
+            if path != plan.path:
+                trainer.strategy.remove_checkpoint(path)
+        if plan.last is not None:
+            self._save_last(trainer, plan.last, linked_to=plan.path)
+
+    def _plan(self, trainer: Trainer, top_k: bool) -> _SavePlan | None:
+        assert self.dirpath is not None
+        plan = _SavePlan()
+        if self.save_last:
+            plan.last = str(self.dirpath / f"{LAST_NAME}{CHECKPOINT_SUFFIX}")
+        if top_k and self.save_top_k != 0:
+            score = self._score(trainer)
+            if score is not None:
+                path = str(self.dirpath / (self._format_name(trainer) + CHECKPOINT_SUFFIX))
+                kept = {p: s for p, s in self.best_k_models.items() if p != path}
+                if self.save_top_k == -1 or len(kept) < self.save_top_k:
+                    plan.path, plan.score = path, score
+                else:
+                    worst = self._worst(kept)
+                    if self._better(score, kept[worst]):
+                        plan.path, plan.score = path, score
+                        plan.remove = [worst]
+        if plan.path is None and plan.last is None:
+            return None
+        return plan
+
+    def _score(self, trainer: Trainer) -> float | None:
+        if self.monitor is None:
+            return float(trainer.global_step)
+        value = trainer.callback_metrics.get(self.monitor)
+        if value is None:
+            available = ", ".join(sorted(trainer.callback_metrics)) or "none yet"
+            warnings.warn(
+                f"ModelCheckpoint(monitor={self.monitor!r}) found no such metric at step {trainer.global_step} "
+                f"(logged: {available}); no top-k checkpoint saved this time.",
+                stacklevel=2,
+            )
+            return None
+        return float(value)
+
+    def _record(self, path: str, score: float | None) -> None:
+        assert score is not None
+        self.best_k_models[path] = score
+        best = self._best(self.best_k_models)
+        self.best_model_path, self.best_model_score = best, self.best_k_models[best]
+
+    def _save_last(self, trainer: Trainer, last: str, linked_to: str | None) -> None:
+        target = Path(last)
+        if self.save_last == "link" and linked_to is not None:
+            if trainer.is_global_zero:
+                temporary = target.with_name(f".{target.name}.link")
+                temporary.unlink(missing_ok=True)
+                temporary.symlink_to(Path(linked_to).name)
+                os.replace(temporary, target)
+            trainer.strategy.barrier("ModelCheckpoint.save_last")
+        else:
+            if trainer.strategy.checkpoint_is_directory and target.is_dir() and not target.is_symlink():
+                trainer.strategy.remove_checkpoint(target)
+            elif target.is_symlink() and trainer.is_global_zero:
+                target.unlink()
+            trainer.save_checkpoint(target)
+        self.last_model_path = str(target)
+
+    def _format_name(self, trainer: Trainer) -> str:
+        values: dict[str, Any] = {"epoch": trainer.current_epoch, "step": trainer.global_step}
+        values.update({name: float(value) for name, value in trainer.callback_metrics.items()})
+
+        def fill(match: re.Match[str]) -> str:
+            name, spec = match.group(1), match.group(2) or ""
+            value = values.get(name, math.nan)
+            return f"{name.replace('/', '_')}={format(value, spec)}"
+
+        return _PLACEHOLDER.sub(fill, self.filename)
+
+    def _better(self, score: float, than: float) -> bool:
+        return score < than if self._minimizing else score > than
+
+    def _best(self, scores: dict[str, float]) -> str:
+        pick = min if self._minimizing else max
+        return pick(scores, key=scores.__getitem__)
+
+    def _worst(self, scores: dict[str, float]) -> str:
+        pick = max if self._minimizing else min
+        return pick(scores, key=scores.__getitem__)
+
+    @property
+    def _minimizing(self) -> bool:
+        # Without a monitor the score is the step, and the most recent checkpoints are kept.
+        return self.monitor is not None and self.mode == "min"
+
+    # -- state ----------------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "dirpath": str(self.dirpath) if self.dirpath is not None else None,
+            "best_k_models": dict(self.best_k_models),
+            "best_model_path": self.best_model_path,
+            "best_model_score": self.best_model_score,
+            "last_model_path": self.last_model_path,
+            "last_saved_step": self._last_saved_step,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if self.dirpath is not None and state["dirpath"] is not None and Path(state["dirpath"]) != self.dirpath:
+            # Another directory: its files are not ours to rank or remove.
+            return
+        if state["dirpath"] is not None:
+            self.dirpath = Path(state["dirpath"])
+        self.best_k_models = {str(path): float(score) for path, score in state["best_k_models"].items()}
+        self.best_model_path = state["best_model_path"]
+        self.best_model_score = state["best_model_score"]
+        self.last_model_path = state["last_model_path"]
+        self._last_saved_step = int(state["last_saved_step"])
+
+
+def find_last_checkpoint(dirpath: Path) -> Path | None:
+    """``last.ckpt`` in ``dirpath``, else its most recently written checkpoint; ``None`` if there is none."""
+    last = dirpath / f"{LAST_NAME}{CHECKPOINT_SUFFIX}"
+    if last.exists():
+        return last
+    if not dirpath.is_dir():
+        return None
+    candidates = [
+        entry
+        for entry in dirpath.iterdir()
+        if entry.name.endswith(CHECKPOINT_SUFFIX) and not entry.name.startswith(".")
+    ]
+    return max(candidates, key=lambda entry: entry.stat().st_mtime_ns, default=None)

@@ -1,0 +1,257 @@
+"""The Module: an ``nn.Module`` that says how it is trained, validated, tested and used for prediction."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+if TYPE_CHECKING:
+    from stratagem.trainer.metrics import ReduceFx
+    from stratagem.trainer.trainer import Trainer
+
+
+class Module(nn.Module):
+    """Subclass this, define ``training_step`` and ``configure_optimizers``, and hand it to a Trainer.
+
+    Every hook has a default that does nothing, so a subclass defines only what it needs.
+    Inside hooks, :attr:`trainer`, :attr:`device` and :attr:`global_rank` describe the run.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._trainer: Trainer | None = None
+
+    # -- the run this module is part of -----------------------------------------------------
+
+    @property
+    def trainer(self) -> Trainer:
+        """The Trainer running this module; raises when it is not part of a run."""
+        if self._trainer is None:
+            raise RuntimeError(f"{type(self).__name__} is not attached to a Trainer; pass it to Trainer.fit() first.")
+        return self._trainer
+
+    @trainer.setter
+    def trainer(self, trainer: Trainer | None) -> None:
+        self._trainer = trainer
+
+    @property
+    def device(self) -> torch.device:
+        """The device this process computes on (where the parameters are, outside a run)."""
+        if self._trainer is not None:
+            return self._trainer.strategy.root_device
+        for tensor in self.parameters():
+            return tensor.device
+        return torch.device("cpu")
+
+    @property
+    def global_rank(self) -> int:
+        """Rank of this process among all processes of the run (0 outside a run)."""
+        return self._trainer.global_rank if self._trainer is not None else 0
+
+    def __getstate__(self) -> dict[str, Any]:
+        # The Trainer re-attaches itself in every worker; pickling it along with the module
+        # (torch.save(module), deepcopy) would drag the whole run with it.
+        state = self.__dict__.copy()
+        state["_trainer"] = None
+        return state
+
+    # -- creating the model and its optimizers ------------------------------------------------
+
+    def configure_model(self) -> None:
+        """Create layers here instead of in ``__init__`` to have them built directly on the device,
+        in the precision's dtype, or sharded (strategies that shard build them in place).
+
+        Called in every worker before the strategy wraps the module, possibly more than once
+        in a process (fit, then test): create layers only if they do not exist yet.
+        """
+
+    def configure_optimizers(self) -> Any:
+        """Return the optimizer(s) and learning-rate scheduler(s) for :meth:`Trainer.fit`.
+
+        Accepted forms: an optimizer; a list or tuple of optimizers; two lists
+        ``([optimizers], [schedulers])``; a dict ``{"optimizer": ..., "lr_scheduler": ...}``
+        (or a list of such dicts), where the scheduler is a scheduler or a dict with
+        ``"scheduler"``, ``"interval"`` (``"step"`` or ``"epoch"``), ``"frequency"``,
+        ``"monitor"`` (a logged metric, for ``ReduceLROnPlateau``) and ``"strict"``.
+        Called after the strategy set up the module, so sharded parameters are what the
+        optimizers see.
+        """
+        raise NotImplementedError(
+            f"{type(self).__name__}.configure_optimizers() is not defined; Trainer.fit() needs it to return an "
+            "optimizer, e.g. torch.optim.AdamW(self.parameters(), lr=1e-3)."
+        )
+
+    # -- steps --------------------------------------------------------------------------------
+
+    def training_step(self, batch: Any, batch_idx: int) -> Any:
+        """Return the loss (a scalar tensor), a dict with ``"loss"``, or ``None`` to skip the batch."""
+        raise NotImplementedError(f"{type(self).__name__}.training_step() is not defined; Trainer.fit() needs it.")
+
+    def validation_step(self, batch: Any, batch_idx: int, *args: Any) -> Any:
+        """Compute and :meth:`log` validation metrics. With several dataloaders, the third
+        argument is the dataloader's index."""
+        raise NotImplementedError(
+            f"{type(self).__name__}.validation_step() is not defined; validation needs it (or pass no val data)."
+        )
+
+    def test_step(self, batch: Any, batch_idx: int, *args: Any) -> Any:
+        """Compute and :meth:`log` test metrics (third argument: dataloader index, with several)."""
+        raise NotImplementedError(f"{type(self).__name__}.test_step() is not defined; Trainer.test() needs it.")
+
+    def predict_step(self, batch: Any, batch_idx: int, *args: Any) -> Any:
+        """Return the prediction for ``batch``; by default ``self(batch)``."""
+        return self(batch)
+
+    # -- data (used when the Trainer is given none) -------------------------------------------
+
+    def train_dataloader(self) -> Any:
+        """Training data for :meth:`Trainer.fit` when it is called without ``train_dataloaders``."""
+        raise NotImplementedError(
+            f"Trainer.fit() got no train_dataloaders and {type(self).__name__} defines no train_dataloader()."
+        )
+
+    def val_dataloader(self) -> Any:
+        """Validation data when :meth:`Trainer.fit`/``validate`` get none; ``None`` means no validation."""
+        return None
+
+    def test_dataloader(self) -> Any:
+        """Test data for :meth:`Trainer.test` when it is called without ``dataloaders``."""
+        raise NotImplementedError(
+            f"Trainer.test() got no dataloaders and {type(self).__name__} defines no test_dataloader()."
+        )
+
+    def predict_dataloader(self) -> Any:
+        """Prediction data for :meth:`Trainer.predict` when it is called without ``dataloaders``."""
+        raise NotImplementedError(
+            f"Trainer.predict() got no dataloaders and {type(self).__name__} defines no predict_dataloader()."
+        )
+
+    # -- hooks ----------------------------------------------------------------------------------
+
+    def on_fit_start(self) -> None:
+        """Called once per fit, after setup and checkpoint restore, before the sanity check."""
+
+    def on_fit_end(self) -> None:
+        """Called once per fit, after training ended (not after an error)."""
+
+    def on_train_start(self) -> None:
+        """Called before the first training batch (after the sanity check)."""
+
+    def on_train_end(self) -> None:
+        """Called after the last training batch and its epoch-end hooks."""
+
+    def on_train_epoch_start(self) -> None:
+        """Called at the start of every training epoch."""
+
+    def on_train_epoch_end(self) -> None:
+        """Called after every completed training epoch, after its validation."""
+
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        """Called before every training step."""
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        """Called after every training step (and optimizer step, when one was due)."""
+
+    def on_validation_epoch_start(self) -> None:
+        """Called before validation data is run."""
+
+    def on_validation_epoch_end(self) -> None:
+        """Called after all validation dataloaders ran; metrics logged here apply to all of them."""
+
+    def on_test_epoch_start(self) -> None:
+        """Called before test data is run."""
+
+    def on_test_epoch_end(self) -> None:
+        """Called after all test dataloaders ran."""
+
+    def on_predict_epoch_start(self) -> None:
+        """Called before prediction data is run."""
+
+    def on_predict_epoch_end(self) -> None:
+        """Called after all prediction dataloaders ran."""
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Add entries to ``checkpoint`` before it is saved (``"module"``/``"optimizers"`` are live objects)."""
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Read the entries you added; called after weights and optimizer states were loaded,
+        with the checkpoint's remaining entries."""
+
+    # -- logging --------------------------------------------------------------------------------
+
+    def log(
+        self,
+        name: str,
+        value: torch.Tensor | float | int,
+        prog_bar: bool = False,
+        logger: bool = True,
+        on_step: bool | None = None,
+        on_epoch: bool | None = None,
+        sync_dist: bool = False,
+        reduce_fx: ReduceFx = "mean",
+        batch_size: int | None = None,
+    ) -> None:
+        """Record a metric: it appears in ``trainer.callback_metrics``, the loggers and (with
+        ``prog_bar=True``) the progress bar.
+
+        In ``training_step`` a value is kept per step by default (``on_step=True``); in
+        validation and test it is aggregated over the epoch (``on_epoch=True``) with
+        ``reduce_fx`` (``"mean"`` weighted by ``batch_size``, ``"sum"``, ``"max"``, ``"min"``).
+        Both on: the metric appears as ``name_step`` and ``name_epoch``. ``sync_dist=True``
+        reduces the value over all ranks through the strategy (per step, or once per epoch
+        for epoch values).
+        """
+        if self._trainer is None:
+            warnings.warn(
+                f"{type(self).__name__}.log({name!r}) was called outside a Trainer run; the value is dropped.",
+                stacklevel=2,
+            )
+            return
+        self._trainer._metrics.log(
+            name,
+            value,
+            prog_bar=prog_bar,
+            logger=logger,
+            on_step=on_step,
+            on_epoch=on_epoch,
+            sync_dist=sync_dist,
+            reduce_fx=reduce_fx,
+            batch_size=batch_size,
+        )
+
+    def log_dict(
+        self,
+        metrics: Mapping[str, torch.Tensor | float | int],
+        prog_bar: bool = False,
+        logger: bool = True,
+        on_step: bool | None = None,
+        on_epoch: bool | None = None,
+        sync_dist: bool = False,
+        reduce_fx: ReduceFx = "mean",
+        batch_size: int | None = None,
+    ) -> None:
+        """:meth:`log` every item of ``metrics`` with the same options."""
+        for name, value in metrics.items():
+            self.log(
+                name,
+                value,
+                prog_bar=prog_bar,
+                logger=logger,
+                on_step=on_step,
+                on_epoch=on_epoch,
+                sync_dist=sync_dist,
+                reduce_fx=reduce_fx,
+                batch_size=batch_size,
+            )
+
+    def optimizers(self) -> list[torch.optim.Optimizer]:
+        """The optimizers of the current fit, as the strategy set them up."""
+        return list(self.trainer.optimizers)
+
+    def lr_schedulers(self) -> list[Any]:
+        """The learning-rate schedulers of the current fit."""
+        return [config.scheduler for config in self.trainer.lr_scheduler_configs]

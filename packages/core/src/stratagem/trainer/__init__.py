@@ -1,0 +1,5 @@
+"""The Trainer and its loops."""
+
+from stratagem.trainer.trainer import Trainer
+
+__all__ = ["Trainer"]

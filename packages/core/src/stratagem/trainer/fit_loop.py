@@ -1,0 +1,297 @@
+"""The training loop: epochs of batches, optimizer steps through the strategy, validation at intervals.
+
+The per-batch path is kept short: what can be decided once (which hooks are overridden, whether
+gradients accumulate, which schedulers step per optimizer step) is decided before the loop.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import warnings
+from collections.abc import Iterable, Iterator, Mapping
+from itertools import islice
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from stratagem.module import Module
+from stratagem.trainer.data import count_batches, set_epoch
+from stratagem.trainer.evaluation_loop import run_evaluation
+from stratagem.trainer.optimizers import step_schedulers
+from stratagem.trainer.progress import Throughput
+from stratagem.trainer.rng import capture_rng_state, loader_generators, restore_rng_state
+
+if TYPE_CHECKING:
+    from stratagem.trainer.trainer import Trainer
+
+
+class FitLoop:
+    """Runs one ``Trainer.fit`` in a worker, from the restored progress to ``max_steps``/``max_epochs``."""
+
+    def __init__(
+        self, trainer: Trainer, module: Module, train_loader: Iterable[Any], val_loaders: list[Iterable[Any]]
+    ) -> None:
+        settings = trainer.settings
+        self.trainer = trainer
+        self.module = module
+        self.strategy = trainer.strategy
+        self.settings = settings
+        self.progress = trainer.fit_progress
+        self.metrics = trainer._metrics
+        self.train_loader = train_loader
+        self.val_loaders = val_loaders
+        self.num_batches = count_batches(train_loader, settings.limit_train_batches, "limit_train_batches")
+        self.optimizers = list(trainer.optimizers)
+        self.accumulate = settings.accumulate_grad_batches
+        self.strategy_accumulates = self.strategy.handles_gradient_accumulation
+        self.backward_optimizer = self.optimizers[0] if len(self.optimizers) == 1 else None
+        self.step_schedulers = [config for config in trainer.lr_scheduler_configs if config.interval == "step"]
+        self.validation_enabled = bool(val_loaders) and settings.limit_val_batches != 0
+        self.logs_steps = trainer.is_global_zero and bool(trainer.loggers)
+        self._window_has_grad = False
+        self._pending_rng: dict[str, Any] | None = None
+        self._validation_interval: int | None = None
+        self._validation_counts_globally = False
+        self._validate_this_epoch = False
+        hooks = trainer._hooks
+        self._batch_start_hooks = hooks.overriding("on_train_batch_start")
+        self._batch_end_hooks = hooks.overriding("on_train_batch_end")
+        self._module_batch_start = type(module).on_train_batch_start is not Module.on_train_batch_start
+        self._module_batch_end = type(module).on_train_batch_end is not Module.on_train_batch_end
+
+    # -- the whole fit --------------------------------------------------------------------------
+
+    def run(self, checkpoint_rng: dict[str, Any] | None) -> None:
+        trainer, module, hooks = self.trainer, self.module, self.trainer._hooks
+        trainer.num_training_batches = self.num_batches
+        trainer.estimated_total_steps = self._estimated_total_steps()
+        module.on_fit_start()
+        hooks.call("on_fit_start", trainer, module)
+        self._sanity_check()
+        module.train()
+        module.on_train_start()
+        hooks.call("on_train_start", trainer, module)
+        self._pending_rng = checkpoint_rng
+        self.progress.start_next_epoch_if_finished()
+        start_step, start_time = self.progress.global_step, time.perf_counter()
+        while not self._done() and not self._epochs_done():
+            if not self._run_epoch():
+                break
+        trainer.throughput = Throughput(self.progress.global_step - start_step, time.perf_counter() - start_time)
+        module.on_train_end()
+        hooks.call("on_train_end", trainer, module)
+        module.on_fit_end()
+        hooks.call("on_fit_end", trainer, module)
+
+    def _done(self) -> bool:
+        max_steps = self.settings.max_steps
+        return self.trainer.should_stop or (max_steps != -1 and self.progress.global_step >= max_steps)
+
+    def _epochs_done(self) -> bool:
+        max_epochs = self.settings.max_epochs
+        return max_epochs != -1 and self.progress.epoch >= max_epochs
+
+    def _estimated_total_steps(self) -> int | None:
+        estimates = []
+        if self.settings.max_steps != -1:
+            estimates.append(self.settings.max_steps)
+        if self.settings.max_epochs != -1 and self.num_batches is not None:
+            estimates.append(self.settings.max_epochs * math.ceil(self.num_batches / self.accumulate))
+        return min(estimates, default=None)
+
+    def _sanity_check(self) -> None:
+        steps = self.settings.num_sanity_val_steps
+        if not self.validation_enabled or steps == 0:
+            return
+        trainer = self.trainer
+        snapshot = self.metrics.snapshot()
+        trainer.sanity_checking = True
+        try:
+            run_evaluation(
+                trainer,
+                self.module,
+                self.val_loaders,
+                "validation",
+                self.settings.limit_val_batches,
+                max_batches=None if steps == -1 else steps,
+            )
+        finally:
+            trainer.sanity_checking = False
+            self.metrics.restore(snapshot)
+            trainer.last_evaluation_metrics = {}
+
+    # -- one epoch ------------------------------------------------------------------------------
+
+    def _run_epoch(self) -> bool:
+        """Train one epoch (or its rest, when resuming); return False when the data gave no batch."""
+        trainer, module, progress = self.trainer, self.module, self.progress
+        skip = progress.batches_in_epoch
+        batches = self._epoch_batches(skip)
+        self._plan_validation(progress.epoch)
+        module.on_train_epoch_start()
+        trainer._hooks.call("on_train_epoch_start", trainer, module)
+        self._window_has_grad = False
+        self.metrics.stage = "train_step"
+        finished = True
+        for batch_idx, batch in enumerate(batches, start=skip):
+            self._train_batch(batch, batch_idx)
+            if self._done():
+                finished = self.num_batches is not None and progress.batches_in_epoch >= self.num_batches
+                break
+        if progress.batches_in_epoch == 0:
+            warnings.warn("The training dataloader produced no batch; fitting stops.", stacklevel=2)
+            return False
+        if finished:
+            self._end_epoch()
+        return True
+
+    def _epoch_batches(self, skip: int) -> Iterator[Any]:
+        """The epoch's batch iterator, positioned after ``skip`` batches, with the random generators
+        as an uninterrupted run would have them there."""
+        trainer, loader = self.trainer, self.train_loader
+        generators = loader_generators(loader)
+        resuming_mid_epoch = skip > 0 and trainer.epoch_start_state is not None
+        if not resuming_mid_epoch and self._pending_rng is not None:
+            restore_rng_state(self._pending_rng)
+            self._pending_rng = None
+        if resuming_mid_epoch:
+            assert trainer.epoch_start_state is not None
+            restore_rng_state(trainer.epoch_start_state["rng"])
+            for generator, state in zip(generators, trainer.epoch_start_state["loader_generators"]):
+                generator.set_state(state)
+        else:
+            # The order of an epoch is drawn from these generators when its iterator is created:
+            # kept so that a run resumed in the middle of the epoch draws the same order.
+            trainer.epoch_start_state = {
+                "rng": capture_rng_state(),
+                "loader_generators": [generator.get_state() for generator in generators],
+            }
+        set_epoch(loader, self.progress.epoch)
+        iterator: Iterator[Any] = iter(loader)
+        if self.num_batches is not None:
+            iterator = islice(iterator, self.num_batches)
+        for done in range(skip):
+            if next(iterator, _EXHAUSTED) is _EXHAUSTED:
+                raise ValueError(
+                    f"The checkpoint resumes after batch {skip} of epoch {self.progress.epoch}, but the training "
+                    f"data has only {done} batches per epoch now; resume with the data it was saved with."
+                )
+        if self._pending_rng is not None:
+            restore_rng_state(self._pending_rng)
+            self._pending_rng = None
+        return iterator
+
+    def _plan_validation(self, epoch: int) -> None:
+        settings = self.settings
+        every_n_epochs = settings.check_val_every_n_epoch
+        self._validate_this_epoch = self.validation_enabled and (
+            every_n_epochs is None or (epoch + 1) % every_n_epochs == 0
+        )
+        interval = settings.val_check_interval
+        if isinstance(interval, float):
+            self._validation_interval = None if self.num_batches is None else max(1, int(self.num_batches * interval))
+            self._validation_counts_globally = False
+        else:
+            self._validation_interval = interval
+            self._validation_counts_globally = every_n_epochs is None
+
+    def _end_epoch(self) -> None:
+        trainer, module, progress = self.trainer, self.module, self.progress
+        if self._window_has_grad:
+            # Data without a length ended in the middle of an accumulation window.
+            self._optimizer_step()
+        progress.epoch_finished = True
+        if self._validate_this_epoch and self._validation_interval is None:
+            self._validate()
+        step_schedulers(trainer.lr_scheduler_configs, "epoch", progress.epoch + 1, self.metrics.callback_metrics)
+        self.metrics.stage = "train_epoch"
+        module.on_train_epoch_end()
+        logged = self.metrics.finish_epoch("train")
+        if logged:
+            trainer.log_to_loggers(logged)
+        trainer._hooks.call("on_train_epoch_end", trainer, module)
+        self.metrics.stage = "train_step"
+        progress.start_next_epoch_if_finished()
+
+    # -- one batch ------------------------------------------------------------------------------
+
+    def _train_batch(self, batch: Any, batch_idx: int) -> None:
+        trainer, module, strategy, progress = self.trainer, self.module, self.strategy, self.progress
+        self.metrics.batch = batch
+        for hook in self._batch_start_hooks:
+            hook(trainer, module, batch, batch_idx)
+        if self._module_batch_start:
+            module.on_train_batch_start(batch, batch_idx)
+        batch = strategy.batch_to_device(batch)
+        accumulate = self.accumulate
+        boundary = accumulate == 1 or (batch_idx + 1) % accumulate == 0 or batch_idx + 1 == self.num_batches
+        if accumulate > 1 and not self.strategy_accumulates:
+            with strategy.no_backward_sync(not boundary):
+                output, stepped_backward = self._forward_backward(batch, batch_idx)
+        else:
+            output, stepped_backward = self._forward_backward(batch, batch_idx)
+        progress.batches_in_epoch += 1
+        progress.total_batches += 1
+        if boundary:
+            if self._window_has_grad:
+                self._optimizer_step()
+        elif stepped_backward and self.strategy_accumulates:
+            for optimizer in self.optimizers:
+                strategy.optimizer_step(optimizer)
+        for hook in self._batch_end_hooks:
+            hook(trainer, module, output, batch, batch_idx)
+        if self._module_batch_end:
+            module.on_train_batch_end(output, batch, batch_idx)
+        if self._validate_this_epoch and self._validation_interval is not None:
+            count = progress.total_batches if self._validation_counts_globally else batch_idx + 1
+            if count % self._validation_interval == 0:
+                self._validate()
+
+    def _forward_backward(self, batch: Any, batch_idx: int) -> tuple[Any, bool]:
+        strategy = self.strategy
+        output = strategy.run_step("training_step", batch, batch_idx)
+        loss = _loss_of(output)
+        if loss is None:
+            return output, False
+        self.trainer._last_loss = loss.detach()
+        if self.accumulate > 1 and not self.strategy_accumulates:
+            loss = loss / self.accumulate
+        strategy.backward(loss, self.backward_optimizer)
+        self._window_has_grad = True
+        return output, True
+
+    def _optimizer_step(self) -> None:
+        strategy, settings, progress = self.strategy, self.settings, self.progress
+        clip_val = settings.gradient_clip_val
+        for optimizer in self.optimizers:
+            if clip_val is not None:
+                strategy.clip_gradients(optimizer, clip_val, settings.gradient_clip_algorithm)
+            strategy.optimizer_step(optimizer)
+        for optimizer in self.optimizers:
+            strategy.zero_grad(optimizer)
+        self._window_has_grad = False
+        progress.global_step += 1
+        if self.step_schedulers:
+            step_schedulers(self.step_schedulers, "step", progress.global_step, self.metrics.callback_metrics)
+        if self.logs_steps and progress.global_step % settings.log_every_n_steps == 0:
+            self.trainer.log_to_loggers(self.metrics.step_metrics_for_logger())
+
+    def _validate(self) -> None:
+        run_evaluation(self.trainer, self.module, self.val_loaders, "validation", self.settings.limit_val_batches)
+
+
+_EXHAUSTED = object()
+
+
+def _loss_of(output: Any) -> torch.Tensor | None:
+    if output is None or isinstance(output, torch.Tensor):
+        return output
+    if isinstance(output, Mapping) and "loss" in output:
+        loss = output["loss"]
+        if isinstance(loss, torch.Tensor):
+            return loss
+    raise TypeError(
+        f"training_step returned {type(output).__name__}; expected the loss (a scalar tensor), a dict with a "
+        "'loss' tensor, or None to skip the batch."
+    )

@@ -1,0 +1,508 @@
+"""The Trainer: runs a Module's fit / validate / test / predict on whatever strategy was chosen."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+
+from stratagem.callbacks.callback import Callback, RunStage
+from stratagem.callbacks.model_checkpoint import ModelCheckpoint
+from stratagem.callbacks.progress_bar import ProgressBar
+from stratagem.checkpoint_io import PathLike
+from stratagem.connector import Plugin, resolve
+from stratagem.loggers.csv_logger import CSVLogger
+from stratagem.loggers.logger import Logger
+from stratagem.module import Module
+from stratagem.strategies import LoopSettings, Strategy
+from stratagem.trainer.callback_hooks import CallbackHooks
+from stratagem.trainer.checkpointing import build_checkpoint, resolve_ckpt_path, restore_fit, restore_weights
+from stratagem.trainer.data import as_loader_list, check_splittable, with_distributed_sampler
+from stratagem.trainer.evaluation_loop import EvaluationKind, run_evaluation
+from stratagem.trainer.fit_loop import FitLoop
+from stratagem.trainer.metrics import LoggedMetrics
+from stratagem.trainer.optimizers import SchedulerConfig, parse_optimizers
+from stratagem.trainer.predict_loop import run_prediction
+from stratagem.trainer.progress import FitProgress, Throughput
+from stratagem.trainer.rng import seed_everything
+from stratagem.trainer.settings import parse_settings
+from stratagem.trainer.worker_output import WorkerOutput
+
+LoggerArgument = bool | str | Logger | Iterable[str | Logger] | None
+
+
+class Trainer:
+    """Fits, validates, tests and predicts with a :class:`~stratagem.Module` on any registered strategy.
+
+    Construction resolves ``accelerator``/``strategy``/``devices``/``num_nodes``/``precision``/
+    ``plugins`` through :func:`stratagem.resolve` and checks every loop option, so a bad value
+    fails here, before any process starts. The loops only call strategy methods; they never
+    look at which strategy runs.
+
+    ``max_epochs``/``max_steps``: when to stop (neither given: 1000 epochs; ``-1``: no limit).
+    ``limit_*_batches``: how much data a pass reads (an int number of batches or a fraction).
+    ``val_check_interval``: validate every fraction of an epoch (float) or every N training
+    batches (int; counted over epochs when ``check_val_every_n_epoch=None``).
+    ``num_sanity_val_steps``: validation batches run before training to catch bugs early.
+    ``accumulate_grad_batches``, ``gradient_clip_val``, ``gradient_clip_algorithm``: stepping.
+    ``default_root_dir``: where logs and checkpoints go (default: the working directory).
+    ``logger``: ``True`` (CSV), ``False``, ``"csv"``, ``"tensorboard"``, a Logger, or a list.
+    ``callbacks``: extra :class:`~stratagem.callbacks.Callback` objects. ``seed`` seeds every
+    generator at construction and in every worker; ``deterministic`` turns on torch's
+    deterministic algorithms during runs. ``use_distributed_sampler=False`` leaves dataloaders
+    as given when the strategy splits data.
+    """
+
+    def __init__(
+        self,
+        *,
+        accelerator: Any = "auto",
+        strategy: str | Strategy = "auto",
+        devices: int | list[int] | str = "auto",
+        num_nodes: int = 1,
+        precision: str | int = "32-true",
+        plugins: Plugin | Iterable[Plugin] | None = None,
+        max_epochs: int | None = None,
+        max_steps: int = -1,
+        limit_train_batches: int | float = 1.0,
+        limit_val_batches: int | float = 1.0,
+        limit_test_batches: int | float = 1.0,
+        limit_predict_batches: int | float = 1.0,
+        val_check_interval: int | float = 1.0,
+        check_val_every_n_epoch: int | None = 1,
+        num_sanity_val_steps: int = 2,
+        accumulate_grad_batches: int = 1,
+        gradient_clip_val: float | None = None,
+        gradient_clip_algorithm: Literal["norm", "value"] = "norm",
+        default_root_dir: PathLike | None = None,
+        enable_progress_bar: bool = True,
+        enable_checkpointing: bool = True,
+        logger: LoggerArgument = True,
+        callbacks: Callback | Iterable[Callback] | None = None,
+        log_every_n_steps: int = 50,
+        deterministic: bool = False,
+        seed: int | None = None,
+        use_distributed_sampler: bool = True,
+    ) -> None:
+        self.settings = parse_settings(
+            max_epochs=max_epochs,
+            max_steps=max_steps,
+            limit_train_batches=limit_train_batches,
+            limit_val_batches=limit_val_batches,
+            limit_test_batches=limit_test_batches,
+            limit_predict_batches=limit_predict_batches,
+            val_check_interval=val_check_interval,
+            check_val_every_n_epoch=check_val_every_n_epoch,
+            num_sanity_val_steps=num_sanity_val_steps,
+            accumulate_grad_batches=accumulate_grad_batches,
+            gradient_clip_val=gradient_clip_val,
+            gradient_clip_algorithm=gradient_clip_algorithm,
+            default_root_dir=default_root_dir,
+            log_every_n_steps=log_every_n_steps,
+            deterministic=deterministic,
+            seed=seed,
+            use_distributed_sampler=use_distributed_sampler,
+        )
+        self.callbacks = _arrange_callbacks(callbacks, enable_progress_bar, enable_checkpointing)
+        self.loggers = _make_loggers(logger, self.settings.default_root_dir)
+        self.strategy = resolve(
+            accelerator=accelerator,
+            strategy=strategy,
+            devices=devices,
+            num_nodes=num_nodes,
+            precision=precision,
+            plugins=plugins,
+        )
+        self.strategy.connect_loop_settings(
+            LoopSettings(
+                accumulate_grad_batches=self.settings.accumulate_grad_batches,
+                gradient_clip_val=self.settings.gradient_clip_val,
+                gradient_clip_algorithm=self.settings.gradient_clip_algorithm,
+            )
+        )
+        if self.settings.deterministic:
+            # Read by cuBLAS when the first handle is created; children inherit it.
+            os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        if self.settings.seed is not None:
+            seed_everything(self.settings.seed)
+
+        self.fit_progress = FitProgress()
+        self.optimizers: list[torch.optim.Optimizer] = []
+        self.lr_scheduler_configs: list[SchedulerConfig] = []
+        self.should_stop = False
+        self.stage: RunStage | None = None
+        self.sanity_checking = False
+        self.throughput = Throughput()
+        self.last_evaluation_metrics: dict[str, float] = {}
+        self.num_training_batches: int | None = None
+        self.estimated_total_steps: int | None = None
+        self.epoch_start_state: dict[str, Any] | None = None
+        self._metrics = LoggedMetrics()
+        self._hooks = CallbackHooks(self.callbacks)
+        self._module: Module | None = None
+        self._last_loss: torch.Tensor | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        # What a spawned worker needs is the configuration; the live objects of a previous run
+        # stay here (the module travels as its own argument).
+        state = self.__dict__.copy()
+        state.update(_hooks=None, _module=None, optimizers=[], lr_scheduler_configs=[], _last_loss=None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._hooks = CallbackHooks(self.callbacks)
+
+    # -- what users read ------------------------------------------------------------------------
+
+    @property
+    def global_step(self) -> int:
+        """Optimizer steps taken so far (over all fits resumed from each other)."""
+        return self.fit_progress.global_step
+
+    @property
+    def current_epoch(self) -> int:
+        """The epoch in progress (after a finished fit: the number of completed epochs)."""
+        return self.fit_progress.epoch
+
+    @property
+    def callback_metrics(self) -> dict[str, torch.Tensor]:
+        """The latest value of every logged metric (step values and epoch aggregates)."""
+        return self._metrics.callback_metrics
+
+    @property
+    def progress_bar_metrics(self) -> dict[str, float]:
+        """``loss`` and the metrics logged with ``prog_bar=True``, as floats (reading them syncs the device)."""
+        metrics = {"loss": float(self._last_loss)} if self._last_loss is not None else {}
+        metrics.update(self._metrics.progress_bar_metrics())
+        return metrics
+
+    @property
+    def is_global_zero(self) -> bool:
+        return self.strategy.is_global_zero
+
+    @property
+    def world_size(self) -> int:
+        return self.strategy.world_size
+
+    @property
+    def global_rank(self) -> int:
+        return self.strategy.global_rank
+
+    @property
+    def default_root_dir(self) -> Path:
+        return self.settings.default_root_dir
+
+    @property
+    def max_epochs(self) -> int:
+        return self.settings.max_epochs
+
+    @property
+    def max_steps(self) -> int:
+        return self.settings.max_steps
+
+    @property
+    def logger(self) -> Logger | None:
+        """The first logger, or ``None``."""
+        return self.loggers[0] if self.loggers else None
+
+    @property
+    def log_dir(self) -> str | None:
+        """Where the first logger writes, or ``default_root_dir`` when there is no logger."""
+        return self.logger.log_dir if self.logger is not None else str(self.default_root_dir)
+
+    @property
+    def checkpoint_callbacks(self) -> list[ModelCheckpoint]:
+        return [callback for callback in self.callbacks if isinstance(callback, ModelCheckpoint)]
+
+    @property
+    def checkpoint_callback(self) -> ModelCheckpoint | None:
+        """The first ModelCheckpoint, or ``None``."""
+        found = self.checkpoint_callbacks
+        return found[0] if found else None
+
+    # -- running --------------------------------------------------------------------------------
+
+    def fit(
+        self,
+        module: Module,
+        train_dataloaders: Any = None,
+        val_dataloaders: Any = None,
+        ckpt_path: PathLike | Literal["last", "best"] | None = None,
+        weights_only: bool = True,
+    ) -> None:
+        """Train ``module``. ``ckpt_path`` (a path, ``"last"`` or ``"best"``) resumes exactly where that
+        checkpoint was saved. Without dataloaders, ``module.train_dataloader()``/``val_dataloader()`` are used.
+        ``weights_only=False`` allows checkpoints with arbitrary pickled objects (only for files you trust)."""
+        self._run("fit", module, (train_dataloaders, val_dataloaders), ckpt_path, weights_only)
+
+    def validate(
+        self,
+        module: Module,
+        dataloaders: Any = None,
+        ckpt_path: PathLike | Literal["last", "best"] | None = None,
+        weights_only: bool = True,
+    ) -> list[dict[str, float]]:
+        """Run ``validation_step`` over the data; one dict of logged metrics per dataloader, the same on every rank."""
+        output = self._run("validate", module, (dataloaders,), ckpt_path, weights_only)
+        return output.results
+
+    def test(
+        self,
+        module: Module,
+        dataloaders: Any = None,
+        ckpt_path: PathLike | Literal["last", "best"] | None = None,
+        weights_only: bool = True,
+    ) -> list[dict[str, float]]:
+        """Run ``test_step`` over the data; one dict of logged metrics per dataloader, the same on every rank."""
+        output = self._run("test", module, (dataloaders,), ckpt_path, weights_only)
+        return output.results
+
+    def predict(
+        self,
+        module: Module,
+        dataloaders: Any = None,
+        ckpt_path: PathLike | Literal["last", "best"] | None = None,
+        weights_only: bool = True,
+    ) -> Any:
+        """``predict_step`` outputs, one per batch (a list per dataloader with several). A strategy that
+        splits data gives each rank its share; after a spawned run the caller gets rank 0's."""
+        output = self._run("predict", module, (dataloaders,), ckpt_path, weights_only)
+        return output.predictions
+
+    def save_checkpoint(self, path: PathLike) -> None:
+        """Save the current module, optimizers, schedulers, loop progress, RNG, callback and precision state.
+
+        Call it on every rank (as hooks and callbacks are): strategies that shard save collectively.
+        """
+        module = self._module
+        if module is None:
+            raise RuntimeError("Trainer.save_checkpoint() needs a module: call it during or after fit/validate/test.")
+        checkpoint = build_checkpoint(self, module)
+        module.on_save_checkpoint(checkpoint)
+        self._hooks.call("on_save_checkpoint", self, module, checkpoint)
+        self.strategy.save_checkpoint(path, checkpoint)
+
+    @contextlib.contextmanager
+    def init_module(self, empty_init: bool | None = None) -> Iterator[None]:
+        """Create modules in this context to build them directly on the device and in the precision's
+        dtype (sharded strategies may build them sharded). ``empty_init=True`` skips the random
+        initialisation, for weights that a checkpoint will overwrite."""
+        with self.strategy.module_init_context(empty_init):
+            yield
+
+    def log_to_loggers(self, metrics: dict[str, float]) -> None:
+        """Send ``metrics`` to every logger at the current step (global zero only)."""
+        if not self.is_global_zero:
+            return
+        metrics = {**metrics, "epoch": self.current_epoch}
+        for logger in self.loggers:
+            logger.log_metrics(metrics, self.global_step)
+
+    # -- in the calling process -----------------------------------------------------------------
+
+    def _run(
+        self,
+        stage: RunStage,
+        module: Module,
+        dataloaders: tuple[Any, ...],
+        ckpt_path: Any,
+        weights_only: bool,
+    ) -> WorkerOutput:
+        if not isinstance(module, Module):
+            raise TypeError(
+                f"Trainer.{stage}() needs a stratagem.Module; got {type(module).__name__}. Subclass stratagem.Module."
+            )
+        if not isinstance(weights_only, bool):
+            raise TypeError(f"weights_only={weights_only!r} is not valid; expected True or False.")
+        checkpoint = resolve_ckpt_path(self, ckpt_path, stage)
+        loaders = [as_loader_list(value, name) for value, name in zip(dataloaders, _ARGUMENT_NAMES[stage])]
+        if self.settings.use_distributed_sampler and self.strategy.distributed_sampler_kwargs is not None:
+            for group, name in zip(loaders, _ARGUMENT_NAMES[stage]):
+                for loader in group:
+                    check_splittable(loader, name)
+        launcher = self.strategy.launcher
+        output: WorkerOutput = launcher.launch(self._run_in_worker, stage, module, loaders, checkpoint, weights_only)
+        if not launcher.caller_is_worker:
+            output.apply(self, module)
+        return output
+
+    # -- in every worker ------------------------------------------------------------------------
+
+    def _run_in_worker(
+        self,
+        stage: RunStage,
+        module: Module,
+        loaders: list[list[Iterable[Any]]],
+        checkpoint: str | None,
+        weights_only: bool,
+    ) -> WorkerOutput:
+        strategy = self.strategy
+        module.trainer = self
+        self._module = module
+        self._metrics.strategy = strategy
+        self.stage = stage
+        self.should_stop = False
+        deterministic_before = torch.are_deterministic_algorithms_enabled()
+        status = "failed"
+        try:
+            strategy.setup_environment()
+            if self.settings.deterministic:
+                torch.use_deterministic_algorithms(True)
+            if self.settings.seed is not None:
+                seed_everything(self.settings.seed)
+            with strategy.module_init_context(empty_init=checkpoint is not None):
+                module.configure_model()
+            strategy.setup_module(module)
+            if stage == "fit":
+                setup = parse_optimizers(module.configure_optimizers())
+                self.optimizers = strategy.setup_optimizers(setup.optimizers)
+                self.lr_scheduler_configs = setup.schedulers
+            self._hooks.call("setup", self, module, stage)
+            results: list[dict[str, float]] = []
+            predictions = None
+            if stage == "fit":
+                self._fit(module, loaders, checkpoint, weights_only)
+            else:
+                if checkpoint is not None:
+                    restore_weights(self, module, checkpoint, weights_only)
+                data = self._loaders(module, stage, loaders[0], required=True)
+                if stage == "predict":
+                    predictions = run_prediction(self, module, data, self.settings.limit_predict_batches)
+                else:
+                    results = self._evaluate(module, stage, data)
+            output = WorkerOutput.collect(self, results, predictions)
+            status = "success"
+            return output
+        except BaseException as exception:
+            self._hooks.call("on_exception", self, module, exception)
+            raise
+        finally:
+            self._metrics.stage = None
+            self._metrics.batch = None
+            self.stage = None
+            try:
+                self._hooks.call("teardown", self, module, stage)
+                if self.is_global_zero:
+                    for logger in self.loggers:
+                        logger.finalize(status)
+            finally:
+                strategy.teardown()
+                torch.use_deterministic_algorithms(deterministic_before)
+
+    def _fit(
+        self, module: Module, loaders: list[list[Iterable[Any]]], checkpoint: str | None, weights_only: bool
+    ) -> None:
+        train = self._loaders(module, "fit", loaders[0], required=True)
+        if len(train) != 1:
+            raise ValueError(f"Trainer.fit() takes one training dataloader; got {len(train)}.")
+        val = self._loaders(module, "validate", loaders[1], required=False)
+        checkpoint_rng = None
+        if checkpoint is not None:
+            checkpoint_rng = restore_fit(self, module, checkpoint, weights_only).get("rng")
+        FitLoop(self, module, train[0], val).run(checkpoint_rng)
+
+    def _evaluate(self, module: Module, stage: RunStage, loaders: list[Iterable[Any]]) -> list[dict[str, float]]:
+        kind: EvaluationKind = "validation" if stage == "validate" else "test"
+        limit = self.settings.limit_val_batches if kind == "validation" else self.settings.limit_test_batches
+        return run_evaluation(self, module, loaders, kind, limit)
+
+    def _loaders(
+        self, module: Module, stage: RunStage, given: list[Iterable[Any]], required: bool
+    ) -> list[Iterable[Any]]:
+        """The dataloaders of a pass: the given ones, else the module's, split across ranks when the strategy
+        splits data."""
+        loaders = given
+        if not loaders:
+            from_module = {
+                "fit": module.train_dataloader,
+                "validate": module.val_dataloader,
+                "test": module.test_dataloader,
+                "predict": module.predict_dataloader,
+            }[stage]()
+            loaders = as_loader_list(from_module, f"{type(module).__name__}.{stage} dataloader")
+        if required and not loaders:
+            raise ValueError(f"Trainer.{stage}() got no dataloaders and {type(module).__name__} provides none.")
+        sampler_kwargs = self.strategy.distributed_sampler_kwargs if self.settings.use_distributed_sampler else None
+        seed = self.settings.seed or 0
+        shuffle = None if stage == "fit" else False
+        return [with_distributed_sampler(loader, sampler_kwargs, seed, shuffle) for loader in loaders]
+
+
+_ARGUMENT_NAMES: dict[str, tuple[str, ...]] = {
+    "fit": ("train_dataloaders", "val_dataloaders"),
+    "validate": ("dataloaders",),
+    "test": ("dataloaders",),
+    "predict": ("dataloaders",),
+}
+
+
+def _arrange_callbacks(
+    callbacks: Callback | Iterable[Callback] | None, enable_progress_bar: bool, enable_checkpointing: bool
+) -> list[Callback]:
+    """User callbacks with the defaults added, ordered: progress bar first, checkpoints last (so they
+    see what every other callback logged or decided)."""
+    for name, flag in (("enable_progress_bar", enable_progress_bar), ("enable_checkpointing", enable_checkpointing)):
+        if not isinstance(flag, bool):
+            raise TypeError(f"{name}={flag!r} is not valid; expected True or False.")
+    if callbacks is None:
+        given: list[Callback] = []
+    elif isinstance(callbacks, Callback):
+        given = [callbacks]
+    elif isinstance(callbacks, Iterable):
+        given = list(callbacks)
+    else:
+        raise TypeError(f"callbacks={callbacks!r} is not valid; expected a Callback or a list of Callbacks.")
+    for callback in given:
+        if not isinstance(callback, Callback):
+            raise TypeError(
+                f"callbacks= contains {callback!r} ({type(callback).__name__}); expected stratagem.callbacks.Callback "
+                "instances."
+            )
+    bars = [callback for callback in given if isinstance(callback, ProgressBar)]
+    checkpoints = [callback for callback in given if isinstance(callback, ModelCheckpoint)]
+    others = [callback for callback in given if not isinstance(callback, ProgressBar | ModelCheckpoint)]
+    if bars and not enable_progress_bar:
+        raise ValueError("callbacks= contains a ProgressBar but enable_progress_bar=False; remove one of them.")
+    if checkpoints and not enable_checkpointing:
+        raise ValueError("callbacks= contains a ModelCheckpoint but enable_checkpointing=False; remove one of them.")
+    if enable_progress_bar and not bars:
+        bars = [ProgressBar()]
+    if enable_checkpointing and not checkpoints:
+        checkpoints = [ModelCheckpoint()]
+    keys = [callback.state_key for callback in [*bars, *others, *checkpoints]]
+    duplicates = sorted({key for key in keys if keys.count(key) > 1})
+    if duplicates:
+        raise ValueError(
+            f"callbacks= contains several callbacks with the same state_key {duplicates}; their checkpoint states "
+            "would overwrite each other. Give them different settings or override state_key."
+        )
+    return [*bars, *others, *checkpoints]
+
+
+def _make_loggers(logger: LoggerArgument, root: Path) -> list[Logger]:
+    accepted = "True, False, None, 'csv', 'tensorboard', a Logger, or a list of those"
+    if logger is None or logger is False:
+        return []
+    if logger is True:
+        return [CSVLogger(save_dir=root)]
+    items = [logger] if isinstance(logger, str | Logger) else logger
+    if not isinstance(items, Iterable):
+        raise TypeError(f"logger={logger!r} is not valid; expected {accepted}.")
+    loggers: list[Logger] = []
+    for item in items:
+        if isinstance(item, Logger):
+            loggers.append(item)
+        elif item == "csv":
+            loggers.append(CSVLogger(save_dir=root))
+        elif item == "tensorboard":
+            from stratagem.loggers.tensorboard import TensorBoardLogger
+
+            loggers.append(TensorBoardLogger(save_dir=root))
+        else:
+            raise ValueError(f"logger={logger!r} is not valid; expected {accepted}.")
+    return loggers
