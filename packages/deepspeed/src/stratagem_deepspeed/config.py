@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from stratagem.strategies import LoopSettings
+
 CONFIG_PATH_VARIABLE = "STRATAGEM_DEEPSPEED_CONFIG_PATH"
 """Environment variable naming a JSON config file, used when the strategy gets no ``config``."""
 
@@ -160,23 +162,28 @@ def reconcile(
     user_given: bool,
     precision_name: str,
     device_type: str,
-    accumulate_grad_batches: int,
-    gradient_clip_val: float | None,
-    gradient_clip_algorithm: str,
+    loop_settings: LoopSettings | None,
     micro_batch_size: int | None,
     world_size: int,
 ) -> dict[str, Any]:
     """Fill what the Trainer decides into ``config`` (a copy is returned); a contradiction is a
     ``ValueError`` naming both values.
 
-    ``user_given`` only changes the wording of errors: the user wrote those values.
+    ``loop_settings`` is ``None`` until the Trainer has said how it loops; the config's own
+    accumulation and clipping stand until then. ``user_given`` only changes the wording of
+    errors: the user wrote those values.
     """
     config = copy.deepcopy(config)
     source = "the DeepSpeed config" if user_given else "DeepSpeedStrategy's options"
     _reconcile_precision(config, source, precision_name, device_type)
-    _reconcile_accumulation(config, source, accumulate_grad_batches)
-    _reconcile_clipping(config, source, gradient_clip_val, gradient_clip_algorithm)
-    _reconcile_batch_size(config, source, micro_batch_size, accumulate_grad_batches, world_size)
+    if loop_settings is None:
+        accumulate = int(config.get("gradient_accumulation_steps") or 1)
+        config["gradient_accumulation_steps"] = accumulate
+    else:
+        accumulate = loop_settings.accumulate_grad_batches
+        _reconcile_accumulation(config, source, accumulate)
+        _reconcile_clipping(config, source, loop_settings.gradient_clip_val, loop_settings.gradient_clip_algorithm)
+    _reconcile_batch_size(config, source, micro_batch_size, accumulate, world_size)
     _refuse_cpu_checkpointing(config, source, device_type)
     return config
 

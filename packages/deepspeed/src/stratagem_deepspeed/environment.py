@@ -1,9 +1,11 @@
-"""Importing DeepSpeed for the right device, and checking what its optional ops need."""
+"""Importing DeepSpeed for the right device; checking a config and the optional ops with DeepSpeed itself."""
 
 from __future__ import annotations
 
+import copy
 import os
 from types import ModuleType
+from typing import Any
 
 ACCELERATOR_VARIABLE = "DS_ACCELERATOR"
 
@@ -62,3 +64,17 @@ def async_io_problem() -> str | None:
         "failed). Install them: apt-get install libaio-dev (Debian/Ubuntu) or yum install libaio-devel "
         "(RHEL/Fedora); if libaio is installed elsewhere, point CFLAGS and LDFLAGS at it. Or offload to 'cpu'."
     )
+
+
+def check_config_with_deepspeed(config: dict[str, Any]) -> None:
+    """Parse ``config`` with DeepSpeed's own config class, so that its error (naming the bad key)
+    reaches the user before any process starts, as a ``ValueError``."""
+    from deepspeed.runtime.config import DeepSpeedConfig
+
+    # Outside the workers DeepSpeed sees a world of one; the batch-size product was checked already.
+    parsed = copy.deepcopy(config)
+    parsed.pop("train_batch_size", None)
+    try:
+        DeepSpeedConfig(parsed)
+    except Exception as error:
+        raise ValueError(f"DeepSpeed rejects the config: {type(error).__name__}: {error}") from error

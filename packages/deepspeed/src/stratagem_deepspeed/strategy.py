@@ -28,6 +28,7 @@ from stratagem_deepspeed.checkpoint_io import DeepSpeedCheckpointIO, read_state_
 from stratagem_deepspeed.config import ZeroOptions, load_config, offload_devices, reconcile, zero_stage
 from stratagem_deepspeed.environment import (
     async_io_problem,
+    check_config_with_deepspeed,
     import_deepspeed,
     select_deepspeed_accelerator,
 )
@@ -130,6 +131,7 @@ class DeepSpeedStrategy(ParallelStrategy):
         self.save_full_weights = save_full_weights
         self.start_method = check_start_method(start_method)
         self.micro_batch_size: int | None = None
+        self._loop_settings_connected = False
         self._config: dict[str, Any] | None = None
         self._launcher: Launcher | None = None
         self._engine: DeepSpeedEngine | None = None
@@ -156,6 +158,7 @@ class DeepSpeedStrategy(ParallelStrategy):
         )
         select_deepspeed_accelerator(self.accelerator.device_type)
         self._reconcile()
+        check_config_with_deepspeed(self.config)
         if "nvme" in offload_devices(self.config).values() or self.remote_device == "nvme":
             problem = async_io_problem()
             if problem is not None:
@@ -164,20 +167,18 @@ class DeepSpeedStrategy(ParallelStrategy):
 
     def connect_loop_settings(self, settings: LoopSettings) -> None:
         super().connect_loop_settings(settings)
+        self._loop_settings_connected = True
         if self._accelerator is not None and self.parallel_devices:
             self._reconcile()
 
     def _reconcile(self) -> None:
         base = self.user_config if self.user_config is not None else self.options.to_config()
-        settings = self.loop_settings
         self._config = reconcile(
             base,
             user_given=self.user_config is not None,
             precision_name=self.precision.name,
             device_type=self.accelerator.device_type,
-            accumulate_grad_batches=settings.accumulate_grad_batches,
-            gradient_clip_val=settings.gradient_clip_val,
-            gradient_clip_algorithm=settings.gradient_clip_algorithm,
+            loop_settings=self.loop_settings if self._loop_settings_connected else None,
             micro_batch_size=self.micro_batch_size,
             world_size=self.num_processes * self.num_nodes,
         )

@@ -1,0 +1,142 @@
+"""Shared pieces of the DeepSpeed tests: a small model, its data, a reference run, and the
+functions that worker processes run (module-level, so the pool can send them by reference)."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+from torch import nn
+
+import stratagem
+from stratagem.strategies import LoopSettings, Strategy
+
+WORKER_ENV = {"DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}
+"""Environment of the worker pools: DeepSpeed's CPU accelerator, chosen without probing."""
+
+PER_RANK_BATCH = 2
+LEARNING_RATE = 1e-2
+
+
+class RegressionNet(nn.Module):
+    """Two linear layers: small enough to compare against a plain single-process run exactly."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer1 = nn.Linear(8, 16)
+        self.layer2 = nn.Linear(16, 4)
+        self.register_buffer("calls", torch.zeros((), dtype=torch.long))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layer2(torch.relu(self.layer1(x)))
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        x, y = batch
+        return nn.functional.mse_loss(self(x).float(), y.float())
+
+
+def global_batches(steps: int, world_size: int = 2, seed: int = 1) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    generator = torch.Generator().manual_seed(seed)
+    size = PER_RANK_BATCH * world_size
+    return [
+        (torch.randn(size, 8, generator=generator), torch.randn(size, 4, generator=generator)) for _ in range(steps)
+    ]
+
+
+def rank_slice(batch: tuple[torch.Tensor, torch.Tensor], rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+    start = rank * PER_RANK_BATCH
+    return batch[0][start : start + PER_RANK_BATCH], batch[1][start : start + PER_RANK_BATCH]
+
+
+def initial_weights(seed: int = 0) -> dict[str, torch.Tensor]:
+    torch.manual_seed(seed)
+    return copy.deepcopy(RegressionNet().state_dict())
+
+
+def reference_run(steps: int, world_size: int = 2, start_step: int = 0) -> tuple[list[float], dict[str, torch.Tensor]]:
+    """One process, the whole global batch per step, torch AdamW: what every ZeRO stage must reproduce."""
+    model = RegressionNet()
+    model.load_state_dict(initial_weights())
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE)
+    losses = []
+    for batch in global_batches(start_step + steps, world_size)[start_step:]:
+        loss = model.training_step(batch)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+    return losses, model.state_dict()
+
+
+# -- run in the workers ----------------------------------------------------------------------
+
+
+def create_strategy(
+    strategy: str | dict[str, Any],
+    precision: str = "32-true",
+    settings: LoopSettings | None = None,
+    devices: int = 2,
+) -> Strategy:
+    """Resolve ``strategy`` (an alias, or DeepSpeedStrategy options) as the Trainer would, in a worker."""
+    if isinstance(strategy, dict):
+        from stratagem_deepspeed import DeepSpeedStrategy
+
+        strategy = DeepSpeedStrategy(**strategy)
+    resolved = stratagem.resolve(strategy=strategy, accelerator="cpu", devices=devices, precision=precision)
+    resolved.connect_loop_settings(settings or LoopSettings())
+    resolved.setup_environment()
+    return resolved
+
+
+def set_up(strategy: Strategy, optimizer: str = "adamw") -> tuple[nn.Module, list[Any]]:
+    """Build the model in the strategy's init context with the shared initial weights, and its optimizer."""
+    weights = initial_weights()
+    with strategy.module_init_context():
+        model = RegressionNet()
+    _copy_into(model, weights)
+    model = strategy.setup_module(model)
+    if optimizer == "adamw":
+        optimizers = [torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE)]
+    elif optimizer == "cpu_adam":
+        from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+        optimizers = [DeepSpeedCPUAdam(model.parameters(), lr=LEARNING_RATE, weight_decay=0.01, adamw_mode=True)]
+    elif optimizer == "from_config":
+        optimizers = []
+    else:
+        raise ValueError(optimizer)
+    return model, strategy.setup_optimizers(optimizers)
+
+
+def _copy_into(model: nn.Module, weights: dict[str, torch.Tensor]) -> None:
+    import deepspeed
+
+    # Under zero.Init the parameters are already partitioned: gather, let rank 0 write, re-partition.
+    with deepspeed.zero.GatheredParameters(list(model.parameters()), modifier_rank=0), torch.no_grad():
+        model.load_state_dict(weights)
+
+
+def train_steps(
+    strategy: Strategy, model: nn.Module, optimizers: list[Any], steps: int, start_step: int = 0
+) -> list[float]:
+    """Drive the strategy as the Trainer does; return the global mean loss of each step."""
+    losses = []
+    for batch in global_batches(start_step + steps, strategy.world_size)[start_step:]:
+        local = strategy.batch_to_device(rank_slice(batch, strategy.global_rank))
+        loss = strategy.run_step("training_step", local)
+        strategy.backward(loss, optimizers[0])
+        strategy.optimizer_step(optimizers[0])
+        strategy.zero_grad(optimizers[0])
+        losses.append(strategy.reduce(loss.detach().float(), "mean").item())
+    return losses
+
+
+def train(
+    strategy: str | dict[str, Any], steps: int, precision: str = "32-true", optimizer: str = "adamw"
+) -> tuple[list[float], dict[str, torch.Tensor], str]:
+    """Train ``steps`` steps; return losses, the gathered weights (rank 0) and the optimizer's type."""
+    resolved = create_strategy(strategy, precision)
+    model, optimizers = set_up(resolved, optimizer)
+    losses = train_steps(resolved, model, optimizers, steps)
+    return losses, resolved.module_full_state_dict(), type(optimizers[0]).__name__

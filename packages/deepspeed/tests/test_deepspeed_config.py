@@ -1,0 +1,190 @@
+"""The DeepSpeed config: options, dict / JSON file / environment variable, and reconciliation with
+the Trainer. Everything here happens in the calling process, before any process starts."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import stratagem
+from stratagem.strategies import LoopSettings
+from stratagem_deepspeed import DeepSpeedStrategy
+from stratagem_deepspeed.config import CONFIG_PATH_VARIABLE
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture(autouse=True)
+def _no_config_from_the_environment(monkeypatch):
+    monkeypatch.delenv(CONFIG_PATH_VARIABLE, raising=False)
+    monkeypatch.setenv("DS_ACCELERATOR", "cpu")
+
+
+def resolve(strategy="deepspeed", precision="32-true", devices=2, settings=None):
+    resolved = stratagem.resolve(strategy=strategy, accelerator="cpu", devices=devices, precision=precision)
+    if settings is not None:
+        resolved.connect_loop_settings(settings)
+    return resolved
+
+
+def test_the_options_build_the_config_and_the_trainer_fills_in_precision_accumulation_clipping_and_batch():
+    strategy = resolve(
+        DeepSpeedStrategy(stage=3, offload_optimizer=True, offload_parameters=True, reduce_bucket_size=1e6),
+        precision="bf16-mixed",
+        settings=LoopSettings(accumulate_grad_batches=4, gradient_clip_val=1.5),
+    )
+    config = strategy.config
+    assert config["zero_optimization"]["stage"] == 3
+    assert config["zero_optimization"]["offload_optimizer"]["device"] == "cpu"
+    assert config["zero_optimization"]["offload_param"]["device"] == "cpu"
+    assert config["zero_optimization"]["reduce_bucket_size"] == 1_000_000
+    assert config["zero_optimization"]["allgather_bucket_size"] == 200_000_000
+    assert config["bf16"] == {"enabled": True}
+    assert "fp16" not in config
+    assert config["gradient_accumulation_steps"] == 4
+    assert config["gradient_clipping"] == 1.5
+    assert config["train_micro_batch_size_per_gpu"] == 1
+    assert config["train_batch_size"] == 1 * 4 * 2
+
+
+@pytest.mark.parametrize(
+    ("alias", "stage", "offloads"),
+    [
+        ("deepspeed", 2, {}),
+        ("deepspeed_stage_1", 1, {}),
+        ("deepspeed_stage_1_offload", 1, {"offload_optimizer": "cpu"}),
+        ("deepspeed_stage_2", 2, {}),
+        ("deepspeed_stage_2_offload", 2, {"offload_optimizer": "cpu"}),
+        ("deepspeed_stage_3", 3, {}),
+        ("deepspeed_stage_3_offload", 3, {"offload_optimizer": "cpu", "offload_param": "cpu"}),
+    ],
+)
+def test_each_alias_selects_its_stage_and_offload(alias, stage, offloads):
+    zero = resolve(alias).config["zero_optimization"]
+    assert zero["stage"] == stage
+    assert {key: zero[key]["device"] for key in ("offload_optimizer", "offload_param") if key in zero} == offloads
+
+
+def test_a_config_dict_replaces_the_options_but_not_the_trainer_settings():
+    config = {"zero_optimization": {"stage": 1}, "steps_per_print": 7}
+    strategy = resolve(DeepSpeedStrategy(stage=3, offload_optimizer=True, config=config), precision="bf16-mixed")
+    assert strategy.config["zero_optimization"] == {"stage": 1}
+    assert strategy.config["steps_per_print"] == 7
+    assert strategy.config["bf16"] == {"enabled": True}
+    assert config == {"zero_optimization": {"stage": 1}, "steps_per_print": 7}, "the user's dict is not modified"
+
+
+def test_a_json_config_file_is_read(tmp_path):
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps({"zero_optimization": {"stage": 3}}))
+    assert resolve(DeepSpeedStrategy(config=str(path))).zero_stage == 3
+
+
+def test_the_environment_variable_names_the_config_when_none_is_given(tmp_path, monkeypatch):
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps({"zero_optimization": {"stage": 1}}))
+    monkeypatch.setenv(CONFIG_PATH_VARIABLE, str(path))
+    assert resolve("deepspeed_stage_3").zero_stage == 1
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({"zero_optimization": {"stage": 2}}))
+    assert resolve(DeepSpeedStrategy(config=str(other))).zero_stage == 2, "an explicit config wins"
+
+
+def test_a_missing_or_broken_config_file_names_its_origin(tmp_path, monkeypatch):
+    with pytest.raises(ValueError, match=r"config='.*nothing\.json'\) names no file"):
+        DeepSpeedStrategy(config=str(tmp_path / "nothing.json"))
+    broken = tmp_path / "broken.json"
+    broken.write_text("{not json")
+    monkeypatch.setenv(CONFIG_PATH_VARIABLE, str(broken))
+    with pytest.raises(ValueError, match=rf"{CONFIG_PATH_VARIABLE}=.*not valid JSON"):
+        DeepSpeedStrategy()
+    with pytest.raises(TypeError, match=r"config=3\) has type int; expected a dict or the path"):
+        DeepSpeedStrategy(config=3)
+
+
+def test_a_bad_config_key_surfaces_deepspeeds_own_error_naming_it_before_launch():
+    strategy = DeepSpeedStrategy(config={"zero_optimization": {"stage": 2, "overlap_comms": True}})
+    with pytest.raises(ValueError, match=r"DeepSpeed rejects the config: ValidationError(.|\n)*overlap_comms"):
+        resolve(strategy)
+
+
+@pytest.mark.parametrize("precision", ["16-mixed", "16-true"])
+def test_fp16_on_cpu_is_refused_before_launch_suggesting_bf16(precision):
+    with pytest.raises(ValueError, match=rf"precision='{precision}'.*accelerator='cpu'.*'bf16-mixed'"):
+        resolve("deepspeed_stage_2", precision=precision)
+
+
+def test_cpu_checkpointing_on_cpu_is_refused_before_launch():
+    with pytest.raises(ValueError, match=r"cpu_checkpointing=True.*accelerator='cpu'.*cpu_checkpointing=False"):
+        resolve(DeepSpeedStrategy(stage=3, cpu_checkpointing=True, partition_activations=True))
+    config = {"activation_checkpointing": {"cpu_checkpointing": True}}
+    with pytest.raises(ValueError, match=r"the DeepSpeed config enables activation_checkpointing.cpu_checkpointing"):
+        resolve(DeepSpeedStrategy(config=config))
+
+
+def test_a_config_precision_that_contradicts_the_trainer_is_an_error_naming_both():
+    with pytest.raises(ValueError, match=r"enables fp16 .* precision is 'bf16-mixed'.*precision='16-mixed'"):
+        resolve(DeepSpeedStrategy(config={"fp16": {"enabled": True}}), precision="bf16-mixed")
+    with pytest.raises(ValueError, match=r"enables bf16 .* precision is '32-true'.*precision='bf16-mixed'"):
+        resolve(DeepSpeedStrategy(config={"bf16": {"enabled": True}}))
+
+
+def test_a_precision_deepspeed_cannot_train_in_is_refused_listing_those_it_can():
+    with pytest.raises(ValueError, match=r"precision='64-true' is not supported.*'32-true'.*'bf16-mixed'"):
+        resolve("deepspeed", precision="64-true")
+
+
+def test_accumulation_in_the_config_must_agree_with_the_trainer():
+    strategy = DeepSpeedStrategy(config={"gradient_accumulation_steps": 4})
+    resolve(strategy, settings=LoopSettings(accumulate_grad_batches=4))
+    with pytest.raises(ValueError, match=r"gradient_accumulation_steps=4.*accumulate_grad_batches=2"):
+        strategy.connect_loop_settings(LoopSettings(accumulate_grad_batches=2))
+
+
+def test_clipping_comes_from_either_place_and_two_different_values_are_an_error():
+    assert resolve(DeepSpeedStrategy(config={"gradient_clipping": 2.0})).config["gradient_clipping"] == 2.0
+    strategy = resolve(DeepSpeedStrategy(config={"gradient_clipping": 2.0}))
+    with pytest.raises(ValueError, match=r"gradient_clipping=2.0.*gradient_clip_val=1.0"):
+        strategy.connect_loop_settings(LoopSettings(gradient_clip_val=1.0))
+    with pytest.raises(ValueError, match=r"gradient_clip_algorithm='value'.*'norm'"):
+        resolve("deepspeed", settings=LoopSettings(gradient_clip_val=1.0, gradient_clip_algorithm="value"))
+
+
+def test_batch_sizes_in_the_config_must_multiply_out():
+    strategy = resolve(DeepSpeedStrategy(config={"train_micro_batch_size_per_gpu": 8}))
+    assert strategy.config["train_batch_size"] == 16
+    with pytest.raises(ValueError, match=r"train_batch_size=10, but micro batch 8 x accumulate_grad_batches 1 x 2"):
+        resolve(DeepSpeedStrategy(config={"train_micro_batch_size_per_gpu": 8, "train_batch_size": 10}))
+    assert resolve(DeepSpeedStrategy(config={"train_batch_size": 12})).config["train_micro_batch_size_per_gpu"] == 6
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"stage": 4}, r"stage=4\) is not valid; expected 0, 1, 2 or 3"),
+        ({"stage": 2, "offload_parameters": True}, r"offload_parameters=True\) needs ZeRO stage 3"),
+        ({"stage": 0, "offload_optimizer": True}, r"offload_optimizer=True\) needs ZeRO stage 1, 2 or 3"),
+        ({"offload_optimizer_device": "disk"}, r"offload_optimizer_device='disk'.*'cpu' or 'nvme'"),
+        ({"remote_device": "gpu"}, r"remote_device='gpu'.*None, 'cpu' or 'nvme'"),
+        ({"reduce_bucket_size": 0}, r"reduce_bucket_size=0.*positive"),
+        ({"start_method": "thread"}, r"start_method='thread' is not valid"),
+    ],
+)
+def test_invalid_options_name_the_option_and_what_is_accepted(options, message):
+    with pytest.raises(ValueError, match=message):
+        DeepSpeedStrategy(**options)
+
+
+def test_ds_accelerator_contradicting_the_run_is_refused(monkeypatch):
+    monkeypatch.setenv("DS_ACCELERATOR", "cuda")
+    with pytest.raises(ValueError, match=r"DS_ACCELERATOR='cuda'.*accelerator='cpu'"):
+        resolve("deepspeed")
+
+
+def test_the_strategy_declares_that_its_engine_owns_accumulation_one_optimizer_and_directory_checkpoints():
+    strategy = resolve("deepspeed_stage_3")
+    assert type(strategy).handles_gradient_accumulation is True
+    assert type(strategy).max_optimizers == 1
+    assert strategy.checkpoint_is_directory is True
+    assert strategy.distributed_sampler_kwargs == {"num_replicas": 2, "rank": 0}

@@ -1,0 +1,214 @@
+"""Training with 2 real CPU processes (gloo) through DeepSpeed's engine, driven as the Trainer drives it.
+
+Every run starts from the same weights and sees the same global batches as a plain
+single-process reference, so ZeRO's sharding must reproduce its losses and weights.
+Ops compiled here: deepspeed_shm_comm (every run) and cpu_adam (one test).
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import pytest
+import torch
+from deepspeed_testing import WORKER_ENV, create_strategy, reference_run, set_up, train, train_steps
+
+from stratagem.strategies import LoopSettings
+from stratagem.testing import DistributedWorkers
+from stratagem_deepspeed.registration import STRATEGY_ALIASES
+
+pytestmark = [pytest.mark.distributed, pytest.mark.timeout(300)]
+
+STEPS = 4
+ALIASES_WITHOUT_NVME = [name for name in STRATEGY_ALIASES if not name.endswith("_nvme")]
+
+
+@pytest.fixture(scope="module")
+def workers():
+    with DistributedWorkers(2, env=WORKER_ENV) as pool:
+        yield pool
+
+
+@pytest.fixture(scope="module")
+def reference():
+    return reference_run(STEPS)
+
+
+def _assert_matches_reference(result, reference, tolerance):
+    losses, weights, _ = result
+    reference_losses, reference_weights = reference
+    assert losses == pytest.approx(reference_losses, abs=tolerance)
+    assert set(weights) == set(reference_weights)
+    for name, value in reference_weights.items():
+        assert weights[name].dtype == value.dtype, name
+        torch.testing.assert_close(weights[name], value, atol=tolerance, rtol=0, msg=name)
+
+
+@pytest.mark.parametrize("alias", ALIASES_WITHOUT_NVME)
+def test_every_alias_trains_like_one_process_on_the_global_batch_in_fp32(workers, reference, alias):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        rank_zero, rank_one = workers.run(train, alias, STEPS)
+    assert rank_one[1] == {}, "only rank 0 receives the gathered weights"
+    _assert_matches_reference(rank_zero, reference, tolerance=1e-5)
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_bf16_mixed_trains_every_stage_close_to_fp32_with_fp32_master_weights(workers, reference, stage):
+    losses, weights, _ = workers.run(train, {"stage": stage}, STEPS, "bf16-mixed")[0]
+    assert all(math.isfinite(loss) for loss in losses)
+    # bf16 compute keeps ~3 significant digits; the fp32 master weights stay fp32.
+    assert losses == pytest.approx(reference[0], rel=5e-2)
+    assert all(value.dtype == torch.float32 for name, value in weights.items() if name != "calls")
+
+
+def _module_dtype_under_bf16(stage: int) -> str:
+    strategy = create_strategy({"stage": stage}, "bf16-mixed")
+    model, _ = set_up(strategy)
+    return str(next(model.parameters()).dtype)
+
+
+def test_bf16_runs_the_module_in_bf16(workers):
+    assert workers.run(_module_dtype_under_bf16, 2) == ["torch.bfloat16", "torch.bfloat16"]
+
+
+def _partitioning_under_zero_init() -> tuple[list[int], int, int]:
+    strategy = create_strategy("deepspeed_stage_3")
+    with strategy.module_init_context():
+        model = torch.nn.Linear(64, 32)
+    shapes = [parameter.numel() for parameter in model.parameters()]
+    held = sum(parameter.ds_tensor.numel() for parameter in model.parameters())
+    total = sum(parameter.ds_numel for parameter in model.parameters())
+    return shapes, held, total
+
+
+def test_stage_3_builds_the_module_partitioned_each_rank_holding_half(workers):
+    for shapes, held, total in workers.run(_partitioning_under_zero_init):
+        assert shapes == [0, 0], "parameters are partitioned as they are created"
+        assert total == 64 * 32 + 32
+        assert held == total // 2
+
+
+def test_deepspeed_cpu_adam_with_offload_matches_torch_adamw(workers, reference):
+    # The one test that compiles cpu_adam: the optimizer offload users are pointed to.
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        result = workers.run(train, "deepspeed_stage_2_offload", STEPS, "32-true", "cpu_adam", timeout=600)[0]
+    assert result[2] == "DeepSpeedCPUAdam"
+    _assert_matches_reference(result, reference, tolerance=1e-5)
+
+
+def _warnings_when_offloading_torch_adamw() -> list[str]:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        strategy = create_strategy("deepspeed_stage_3_offload")
+        set_up(strategy)
+    return [str(warning.message) for warning in caught if "DeepSpeedCPUAdam" in str(warning.message)]
+
+
+def test_offloading_a_torch_adamw_warns_once_pointing_to_deepspeed_cpu_adam(workers):
+    rank_zero, rank_one = workers.run(_warnings_when_offloading_torch_adamw)
+    assert len(rank_zero) == 1
+    assert "deepspeed.ops.adam.DeepSpeedCPUAdam" in rank_zero[0]
+    assert rank_one == [], "one warning per run, from rank 0"
+
+
+def _train_with_config_optimizer_and_scheduler() -> tuple[str, list[float]]:
+    config = {
+        "zero_optimization": {"stage": 2},
+        "zero_allow_untested_optimizer": True,
+        "optimizer": {"type": "SGD", "params": {"lr": 0.1}},
+        "scheduler": {
+            "type": "WarmupLR",
+            "params": {"warmup_min_lr": 0.0, "warmup_max_lr": 0.1, "warmup_num_steps": 4},
+        },
+    }
+    strategy = create_strategy({"config": config})
+    model, optimizers = set_up(strategy, "from_config")
+    learning_rates = []
+    for step in range(3):
+        train_steps(strategy, model, optimizers, 1, start_step=step)
+        learning_rates.append(optimizers[0].param_groups[0]["lr"])
+    return type(optimizers[0]).__name__, learning_rates
+
+
+def test_optimizer_and_scheduler_from_the_config_train_and_the_engine_steps_the_scheduler(workers):
+    name, learning_rates = workers.run(_train_with_config_optimizer_and_scheduler)[0]
+    assert name == "SGD"
+    assert learning_rates == sorted(learning_rates)
+    assert learning_rates[0] < learning_rates[-1] <= 0.1
+
+
+def _gradient_accumulation(accumulate: int) -> tuple[list[int], list[float]]:
+    settings = LoopSettings(accumulate_grad_batches=accumulate)
+    strategy = create_strategy("deepspeed_stage_2", settings=settings)
+    model, optimizers = set_up(strategy)
+    steps_taken = []
+    for step in range(2 * accumulate):
+        train_steps(strategy, model, optimizers, 1, start_step=step)
+        steps_taken.append(strategy.engine.global_steps)
+    return steps_taken, [value.sum().item() for value in strategy.module_full_state_dict().values()]
+
+
+def test_the_engine_accumulates_gradients_over_the_trainers_batches(workers):
+    steps_taken, _ = workers.run(_gradient_accumulation, 2)[0]
+    assert steps_taken == [0, 1, 1, 2], "one optimizer step per 2 batches, counted by the engine"
+
+
+def _clipping_run(clip: float | None) -> float:
+    settings = LoopSettings(gradient_clip_val=clip)
+    strategy = create_strategy("deepspeed_stage_2", settings=settings)
+    model, optimizers = set_up(strategy)
+    if clip is not None:
+        assert strategy.clip_gradients(optimizers[0], clip) is None
+    train_steps(strategy, model, optimizers, 1)
+    return float(strategy.config["gradient_clipping"])
+
+
+def test_the_trainers_gradient_clip_val_reaches_the_engine(workers):
+    assert workers.run(_clipping_run, 0.5)[0] == 0.5
+    assert workers.run(_clipping_run, None)[0] == 0.0
+
+
+def _second_optimizer_error() -> str:
+    strategy = create_strategy("deepspeed_stage_2")
+    model = torch.nn.Linear(2, 2)
+    strategy.setup_module(model)
+    try:
+        strategy.setup_optimizers([torch.optim.SGD(model.parameters(), lr=0.1) for _ in range(2)])
+    except ValueError as error:
+        return str(error)
+    return "no error"
+
+
+def test_a_second_optimizer_is_refused_naming_the_limit(workers):
+    message = workers.run(_second_optimizer_error)[0]
+    assert "at most 1 optimizer" in message
+    assert "returned 2" in message
+
+
+def _optimizer_problem(config_optimizer: bool, client_optimizer: bool) -> str:
+    config = {"zero_optimization": {"stage": 1}}
+    if config_optimizer:
+        config["optimizer"] = {"type": "SGD", "params": {"lr": 0.1}}
+    strategy = create_strategy({"config": config})
+    model = torch.nn.Linear(2, 2)
+    strategy.setup_module(model)
+    try:
+        strategy.setup_optimizers([torch.optim.SGD(model.parameters(), lr=0.1)] if client_optimizer else [])
+    except ValueError as error:
+        return str(error)
+    return "no error"
+
+
+def test_an_optimizer_both_in_the_config_and_from_configure_optimizers_is_refused(workers):
+    message = workers.run(_optimizer_problem, True, True)[0]
+    assert "'optimizer' section" in message
+    assert "SGD" in message
+
+
+def test_no_optimizer_anywhere_is_refused_saying_where_one_can_come_from(workers):
+    message = workers.run(_optimizer_problem, False, False)[0]
+    assert "configure_optimizers" in message
+    assert "'optimizer' section" in message
