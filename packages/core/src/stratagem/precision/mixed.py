@@ -18,7 +18,9 @@ class MixedPrecision(Precision):
     """fp32 parameters with autocast to ``dtype`` (``"16-mixed"``, ``"bf16-mixed"``).
 
     fp16 gets a gradient scaler where the device needs one; the scaler's state is part of
-    the checkpoint.
+    the checkpoint. With several optimizers stepped after one backward, the scale must stay
+    the same until all of them have unscaled their gradients: it is updated once, before
+    the next loss is scaled (or when its state is read).
     """
 
     def __init__(self, dtype: str | torch.dtype = "bfloat16") -> None:
@@ -29,6 +31,7 @@ class MixedPrecision(Precision):
         self.name = "16-mixed" if resolved == torch.float16 else "bf16-mixed"  # type: ignore[misc]
         self._device_type = "cpu"
         self.scaler: torch.amp.GradScaler | None = None
+        self._update_pending = False
 
     def check_accelerator(self, accelerator: Accelerator) -> None:
         if not accelerator.supports_autocast(self.dtype):
@@ -50,7 +53,11 @@ class MixedPrecision(Precision):
         return torch.autocast(self._device_type, dtype=self.dtype)
 
     def backward(self, loss: torch.Tensor, backward: Callable[[torch.Tensor], None]) -> None:
-        backward(self.scaler.scale(loss) if self.scaler is not None else loss)
+        if self.scaler is None:
+            backward(loss)
+            return
+        self._apply_pending_update()
+        backward(self.scaler.scale(loss))
 
     def unscale_gradients(self, optimizer: Optimizer) -> None:
         if self.scaler is not None:
@@ -60,12 +67,21 @@ class MixedPrecision(Precision):
         if self.scaler is None:
             return step()
         result = self.scaler.step(optimizer)
-        self.scaler.update()
+        self._update_pending = True
         return result
 
     def state_dict(self) -> dict[str, Any]:
-        return {"scaler": self.scaler.state_dict()} if self.scaler is not None else {}
+        if self.scaler is None:
+            return {}
+        self._apply_pending_update()
+        return {"scaler": self.scaler.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if self.scaler is not None and "scaler" in state:
             self.scaler.load_state_dict(state["scaler"])
+            self._update_pending = False
+
+    def _apply_pending_update(self) -> None:
+        if self._update_pending and self.scaler is not None:
+            self.scaler.update()
+            self._update_pending = False
