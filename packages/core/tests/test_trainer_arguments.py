@@ -87,7 +87,7 @@ def test_fit_refuses_a_plain_nn_module_and_a_missing_checkpoint(tmp_path):
     trainer = quiet_trainer(tmp_path, max_steps=1)
     with pytest.raises(TypeError, match=r"needs a stratagem.Module; got Linear"):
         trainer.fit(torch.nn.Linear(2, 2), make_loader())
-    with pytest.raises(FileNotFoundError, match="nowhere.ckpt"):
+    with pytest.raises(FileNotFoundError, match=r"nowhere\.ckpt"):
         trainer.fit(ClassifierModule(), make_loader(), ckpt_path=tmp_path / "nowhere.ckpt")
     with pytest.raises(ValueError, match="ckpt_path='best' needs a ModelCheckpoint"):
         trainer.validate(ClassifierModule(), make_loader(), ckpt_path="best")
