@@ -300,6 +300,21 @@ class DeepSpeedStrategy(ParallelStrategy):
                 stacklevel=2,
             )
 
+    def run_step(self, step_name: str, *args: Any) -> Any:
+        if self._engine is None:
+            # Evaluation without fit: no optimizer, but stage 3 still needs the engine to gather parameters.
+            self._initialize_inference_engine()
+        return super().run_step(step_name, *args)
+
+    def _initialize_inference_engine(self) -> None:
+        config = {key: value for key, value in self.config.items() if key not in ("optimizer", "scheduler")}
+        zero = dict(config.get("zero_optimization", {}))
+        zero.pop("offload_optimizer", None)
+        config["zero_optimization"] = zero
+        engine, _, _, _ = import_deepspeed().initialize(model=self.module, config=config, dist_init_required=False)
+        self._engine = engine
+        self._model = engine
+
     @property
     def engine(self) -> DeepSpeedEngine:
         """The DeepSpeed engine wrapping the module (after :meth:`setup_optimizers`)."""
@@ -433,14 +448,15 @@ class DeepSpeedStrategy(ParallelStrategy):
         for key, target in state.items():
             if isinstance(target, nn.Module):
                 self._load_module_state(remaining.pop(key), strict)
-            elif _is_optimizers(target):
-                saved = remaining.pop(key, None)
-                if saved is not None:
-                    raise ValueError(
-                        f"The checkpoint {str(directory)!r} holds optimizer state in a layout DeepSpeed cannot "
-                        "take (another strategy or world size wrote it). Load its weights only: pass "
-                        "{'module': module} without the optimizers."
-                    )
+            elif _is_optimizers(target) and self.is_global_zero:
+                remaining.pop(key, None)
+                warnings.warn(
+                    f"{str(directory)!r} was written by another strategy, ZeRO stage or world size: the module's "
+                    "weights are loaded, the optimizer state is not (DeepSpeed restores it only from its own shards "
+                    "at the same stage and world size). Training resumes with fresh optimizer state.",
+                    UserWarning,
+                    stacklevel=3,
+                )
         return remaining
 
     def _load_module_state(self, weights: Mapping[str, torch.Tensor], strict: bool) -> None:
