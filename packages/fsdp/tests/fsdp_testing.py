@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -12,6 +13,13 @@ import stratagem
 from stratagem_fsdp import FSDPStrategy
 
 LEARNING_RATE = 0.05
+
+
+@dataclass(frozen=True)
+class Opaque:
+    """A plain entry that only an unrestricted (not weights-only) load may unpickle."""
+
+    value: int
 
 
 class Block(nn.Module):

@@ -22,6 +22,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy
 from torch.distributed.tensor import DTensor
 from torch.optim import Optimizer
+from torch.utils._pytree import tree_map
 
 from stratagem.accelerators import Accelerator
 from stratagem.checkpoint_io import CheckpointIO, PathLike, read_full_checkpoint
@@ -259,9 +260,18 @@ class FSDPStrategy(ParallelStrategy):
             self._distributed_checkpoint_io.save_checkpoint(sharded, path)
             return
         full = {key: self._state_of_full(value) for key, value in state.items()}
+        failure: BaseException | None = None
         if self.is_global_zero:
-            self.checkpoint_io.save_checkpoint(full, path)
-        self.barrier("save_checkpoint")
+            try:
+                self.checkpoint_io.save_checkpoint(full, path)
+            except BaseException as error:
+                failure = error
+        # Every rank learns whether rank 0 wrote it: the others must fail too, not wait for it forever.
+        outcome = self.broadcast(None if failure is None else f"{type(failure).__name__}: {failure}")
+        if failure is not None:
+            raise failure
+        if outcome is not None:
+            raise RuntimeError(f"Writing the checkpoint {str(path)!r} failed on rank 0: {outcome}")
 
     def load_checkpoint(
         self, path: PathLike, state: dict[str, Any], strict: bool = True, weights_only: bool = True
@@ -298,7 +308,7 @@ class FSDPStrategy(ParallelStrategy):
         return self.broadcast(checkpoint if self.is_global_zero else None)
 
     def module_full_state_dict(self) -> dict[str, Any]:
-        return get_model_state_dict(self.module, options=_FULL)
+        return _full_model_state(self.module)
 
     def _state_of_sharded(self, value: Any) -> Any:
         if isinstance(value, nn.Module):
@@ -312,10 +322,14 @@ class FSDPStrategy(ParallelStrategy):
     def _state_of_full(self, value: Any) -> Any:
         """Whole state on rank 0 (gathered one tensor at a time onto its CPU); other ranks get ``{}``."""
         if isinstance(value, nn.Module):
-            return get_model_state_dict(value, options=_FULL)
+            return _full_model_state(value)
         if isinstance(value, Optimizer):
             state = get_optimizer_state_dict(self.module, value, options=_FULL)
-            return to_index_keyed(state) if state else state
+            if not state:
+                return state
+            live = [item for per_parameter in value.state.values() for item in per_parameter.values()]
+            return to_index_keyed(_unaliased(state, [item for item in live if isinstance(item, torch.Tensor)]))
+
         if _is_optimizer_list(value):
             return [self._state_of_full(optimizer) for optimizer in value]
         return value
@@ -374,6 +388,33 @@ class FSDPStrategy(ParallelStrategy):
             f"sharding_strategy={self.sharding_strategy!r}, state_dict_type={self.state_dict_type!r}, "
             f"cpu_offload={self.cpu_offload!r}, start_method={self.start_method!r})"
         )
+
+
+def _full_model_state(module: nn.Module) -> dict[str, Any]:
+    """The whole state dict on rank 0's CPU, sharing no memory with the live module."""
+    return _unaliased(get_model_state_dict(module, options=_FULL), [*module.parameters(), *module.buffers()])
+
+
+def _unaliased(state: Any, live: list[torch.Tensor]) -> Any:
+    """``state`` with copies of the tensors that share memory with ``live`` ones.
+
+    Where nothing needs gathering (one rank, ``NO_SHARD``, buffers, optimizer step counters),
+    torch returns the live tensors themselves, which the next optimizer step would change
+    under whoever holds the state (a checkpoint written in the background, say).
+    """
+    addresses = {_storage_address(tensor) for tensor in live}
+
+    def copy_if_live(value: Any) -> Any:
+        if isinstance(value, torch.Tensor) and _storage_address(value) in addresses:
+            return value.clone()
+        return value
+
+    return tree_map(copy_if_live, state)
+
+
+def _storage_address(tensor: torch.Tensor) -> int:
+    local = tensor.to_local() if isinstance(tensor, DTensor) else tensor
+    return local.untyped_storage().data_ptr()
 
 
 def _is_optimizer_list(value: Any) -> bool:

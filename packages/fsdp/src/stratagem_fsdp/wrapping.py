@@ -78,7 +78,7 @@ def shard_module(
     Submodules the user already sharded, and everything inside them, are left as they are.
     """
     if selector is not None:
-        for submodule in _selected_post_order(module, selector):
+        for submodule in selected_units(module, selector):
             fully_shard(submodule, mesh=mesh, **unit_kwargs)
     root = ShardedRoot(module)
     fully_shard(root, mesh=mesh, **root_kwargs)
@@ -87,7 +87,8 @@ def shard_module(
     return root
 
 
-def _selected_post_order(module: nn.Module, selector: ModuleSelector) -> list[nn.Module]:
+def selected_units(module: nn.Module, selector: ModuleSelector) -> list[nn.Module]:
+    """The submodules ``selector`` makes FSDP units, children before parents; user-sharded subtrees excluded."""
     selected: list[nn.Module] = []
 
     def visit(current: nn.Module) -> int:
