@@ -136,6 +136,22 @@ def test_bf16_mixed_precision_computes_in_bf16_keeps_fp32_shards_and_trains(work
     assert result["losses"] == pytest.approx(reference_losses, rel=0.05, abs=0.02)
 
 
+def _train_fp16_mixed():
+    strategy = make_strategy(precision="16-mixed", auto_wrap_policy={Block})
+    _, optimizer = build(strategy)
+    losses = train(strategy, optimizer, global_batches(8))
+    scaler = strategy.precision.scaler
+    return {"losses": losses, "scale": scaler.get_scale(), "scaler": type(scaler).__name__}
+
+
+def test_fp16_mixed_precision_scales_gradients_alike_on_every_rank_and_trains(workers):
+    results = workers.run(_train_fp16_mixed)
+    assert results[0] == results[1]
+    assert results[0]["scaler"] == "ShardedGradScaler"
+    assert results[0]["scale"] < 2.0**16
+    assert results[0]["losses"][-1] < results[0]["losses"][0]
+
+
 def _accumulate_two_micro_batches():
     strategy = make_strategy(auto_wrap_policy={Block})
     _, optimizer = build(strategy)

@@ -20,6 +20,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy
+from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 from torch.distributed.tensor import DTensor
 from torch.optim import Optimizer
 from torch.utils._pytree import tree_map
@@ -168,6 +169,21 @@ class FSDPStrategy(ParallelStrategy):
         self._device_mesh = init_device_mesh(
             self.root_device.type, layout.mesh_shape, mesh_dim_names=layout.mesh_dim_names
         )
+        self._make_grad_scaler_shard_aware()
+
+    def _make_grad_scaler_shard_aware(self) -> None:
+        """Swap the precision's gradient scaler (``"16-mixed"``) for one that agrees on overflow across ranks.
+
+        Each rank sees only its shard of the gradients; without agreement one rank would skip a
+        step that another takes.
+        """
+        scaler = getattr(self.precision, "scaler", None)
+        if not isinstance(scaler, torch.amp.GradScaler) or isinstance(scaler, ShardedGradScaler):
+            return
+        sharded = ShardedGradScaler(self.root_device.type, enabled=scaler.is_enabled())
+        if scaler.is_enabled():
+            sharded.load_state_dict(scaler.state_dict())
+        setattr(self.precision, "scaler", sharded)  # noqa: B010 - only mixed precisions have the attribute
 
     @contextlib.contextmanager
     def module_init_context(self, empty_init: bool | None = None) -> Iterator[None]:
