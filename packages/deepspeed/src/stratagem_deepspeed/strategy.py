@@ -308,8 +308,12 @@ class DeepSpeedStrategy(ParallelStrategy):
 
     def _initialize_inference_engine(self) -> None:
         config = {key: value for key, value in self.config.items() if key not in ("optimizer", "scheduler")}
-        zero = dict(config.get("zero_optimization", {}))
-        zero.pop("offload_optimizer", None)
+        if self.zero_stage == 3:
+            zero = dict(config["zero_optimization"])
+            zero.pop("offload_optimizer", None)
+        else:
+            # Stages 1 and 2 shard only optimizer state and gradients, which evaluation has none of.
+            zero = {"stage": 0}
         config["zero_optimization"] = zero
         engine, _, _, _ = import_deepspeed().initialize(model=self.module, config=config, dist_init_required=False)
         self._engine = engine

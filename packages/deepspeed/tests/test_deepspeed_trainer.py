@@ -1,0 +1,125 @@
+"""The Trainer on DeepSpeed, as a user runs it: scripts and the ``stratagem`` command started as
+real processes (the launcher re-runs them for rank 1), then their checkpoints moved around."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from deepspeed_testing import WORKER_ENV
+
+from stratagem import Trainer
+from stratagem.demo import DemoModule, demo_dataloaders
+
+pytestmark = [pytest.mark.distributed, pytest.mark.timeout(240)]
+
+SCRIPT = Path(__file__).with_name("deepspeed_trainer_script.py")
+STAGE_3_STEPS = 12
+
+
+def run(*arguments: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run(
+        arguments,
+        cwd=cwd,
+        env={**os.environ, **WORKER_ENV},
+        capture_output=True,
+        text=True,
+        timeout=200,
+    )
+    assert result.returncode == 0, f"exit code {result.returncode}\n{result.stdout[-3000:]}\n{result.stderr[-6000:]}"
+    return result
+
+
+def run_script(root: Path, *arguments: str) -> Path:
+    run(sys.executable, str(SCRIPT), "--root", str(root), *arguments, cwd=root.parent)
+    return root
+
+
+def only_checkpoint(root: Path) -> Path:
+    [checkpoint] = (root / "checkpoints").iterdir()
+    return checkpoint
+
+
+@pytest.fixture(scope="module")
+def stage_3_run(tmp_path_factory) -> Path:
+    """A fit of 12 steps on 2 processes with deepspeed_stage_3; its checkpoint and live weights."""
+    return run_script(tmp_path_factory.mktemp("stage_3") / "run", "--max-steps", str(STAGE_3_STEPS))
+
+
+def live_weights(root: Path) -> dict[str, torch.Tensor]:
+    return torch.load(root / "live_weights.pt", weights_only=True)
+
+
+def assert_identical(weights: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> None:
+    assert set(weights) == set(expected)
+    for name, value in expected.items():
+        assert torch.equal(weights[name], value), name
+
+
+def test_stratagem_demo_trains_deepspeed_stage_3_in_bf16_on_two_cpu_processes(tmp_path):
+    stratagem = Path(sys.executable).with_name("stratagem")
+    result = run(
+        str(stratagem), "demo", "--strategy", "deepspeed_stage_3", "--devices", "2", "--precision", "bf16-mixed",
+        "--max-steps", "20", "--root-dir", str(tmp_path / "demo"), "--logger", "none",
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert "done after 20 steps" in result.stdout
+    checkpoint = only_checkpoint(tmp_path / "demo")
+    assert (checkpoint / "latest").read_text() == "global_step20"
+
+
+def test_the_stage_3_checkpoint_is_a_deepspeed_directory_with_the_loop_state(stage_3_run):
+    checkpoint = only_checkpoint(stage_3_run)
+    assert checkpoint.name == f"epoch=0-step={STAGE_3_STEPS}.ckpt"
+    assert sorted(path.name for path in checkpoint.iterdir()) == [
+        f"global_step{STAGE_3_STEPS}", "latest", "stratagem_state.pt", "zero_to_fp32.py", "zero_to_torch.py",
+    ]  # fmt: skip
+    shards = sorted(path.name for path in (checkpoint / f"global_step{STAGE_3_STEPS}").iterdir())
+    assert shards == [
+        "zero_pp_rank_0_mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_optim_states.pt",
+        "zero_pp_rank_1_mp_rank_00_model_states.pt", "zero_pp_rank_1_mp_rank_00_optim_states.pt",
+    ]  # fmt: skip
+    assert not [path for path in checkpoint.parent.iterdir() if path.name.startswith(".")], "no temporary left"
+
+
+def test_a_fit_stopped_and_resumed_from_its_checkpoint_ends_with_bitwise_the_same_weights(stage_3_run, tmp_path):
+    interrupted = run_script(tmp_path / "resumed", "--stop-after", str(STAGE_3_STEPS // 2))
+    run_script(interrupted, "--ckpt-path", str(only_checkpoint(interrupted)))
+    assert_identical(live_weights(interrupted), live_weights(stage_3_run))
+
+
+def test_the_stage_3_checkpoint_evaluates_under_single_device_with_identical_weights(stage_3_run):
+    trainer = Trainer(strategy="single_device", accelerator="cpu", devices=1, logger=False, enable_progress_bar=False)
+    module = DemoModule(hidden=32)
+    _, val_loader = demo_dataloaders(batch_size=16, num_samples=512)
+    [metrics] = trainer.validate(module, val_loader, ckpt_path=only_checkpoint(stage_3_run))
+    assert_identical(module.state_dict(), live_weights(stage_3_run))
+    assert set(metrics) == {"val_loss", "val_acc"}
+
+
+@pytest.mark.parametrize(
+    ("strategy", "devices"),
+    [("fsdp", 2), ("deepspeed_stage_2", 1)],
+    ids=["fsdp-on-2-processes", "deepspeed-stage-2-on-1-process"],
+)
+def test_the_stage_3_checkpoint_loads_with_identical_weights_into(stage_3_run, tmp_path, strategy, devices):
+    root = run_script(
+        tmp_path / strategy, "--strategy", strategy, "--devices", str(devices),
+        "--validate", "--ckpt-path", str(only_checkpoint(stage_3_run)),
+    )  # fmt: skip
+    assert_identical(live_weights(root), live_weights(stage_3_run))
+    assert json.loads((root / "results.json").read_text())[0].keys() == {"val_loss", "val_acc"}
+
+
+def test_stratagem_consolidate_writes_one_file_that_plain_torch_load_reads(stage_3_run, tmp_path):
+    stratagem = Path(sys.executable).with_name("stratagem")
+    destination = tmp_path / "full.pt"
+    run(str(stratagem), "consolidate", str(only_checkpoint(stage_3_run)), str(destination), cwd=tmp_path)
+    checkpoint = torch.load(destination, weights_only=True)
+    assert_identical(checkpoint["module"], live_weights(stage_3_run))
+    assert checkpoint["loops"]["fit"]["global_step"] == STAGE_3_STEPS
