@@ -1,0 +1,215 @@
+"""DDPStrategy: one process per device, gradients averaged by torch's DistributedDataParallel."""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+from torch.optim import Optimizer
+
+from stratagem.accelerators import Accelerator
+from stratagem.checkpoint_io import CheckpointIO
+from stratagem.environments.cluster_environment import ClusterEnvironment
+from stratagem.launchers import Launcher, check_start_method, create_launcher
+from stratagem.precision import Precision
+from stratagem.strategies import LoopSettings, ParallelStrategy
+from stratagem.strategies.parallel import DEFAULT_TIMEOUT
+from stratagem_ddp.comm_hooks import (
+    CommHook,
+    build_comm_state,
+    check_comm_hook_options,
+    check_single_bucket,
+    create_model_averager,
+    register_comm_hook,
+)
+
+
+class DDPStrategy(ParallelStrategy):
+    """Data-parallel training with one process per device and DDP's bucketed gradient all-reduce.
+
+    Options, beyond those of :class:`~stratagem.strategies.ParallelStrategy`:
+
+    - ``start_method``: how ranks start: ``"popen"`` re-runs the command (``ddp``), ``"spawn"``,
+      ``"fork"`` or ``"forkserver"`` start them from the calling process. Ranks started by
+      torchrun, SLURM or MPI are joined whatever this says.
+    - ``find_unused_parameters``, ``static_graph``, ``gradient_as_bucket_view``,
+      ``bucket_cap_mb``: passed to ``DistributedDataParallel``.
+    - ``ddp_comm_hook`` (e.g. ``fp16_compress_hook``, ``powerSGD_hook``), its
+      ``ddp_comm_state`` (an object, or a function without arguments that builds it in each
+      rank) and a ``ddp_comm_wrapper`` (e.g. ``fp16_compress_wrapper``).
+    - ``model_averaging_period``: with ``post_localSGD_hook``, average the models every N
+      optimizer steps once local SGD starts.
+
+    Subclasses customise the process group by overriding :meth:`init_dist_connection` and
+    the wrapping by overriding :meth:`configure_ddp`.
+    """
+
+    def __init__(
+        self,
+        accelerator: Accelerator | None = None,
+        precision: Precision | None = None,
+        checkpoint_io: CheckpointIO | None = None,
+        parallel_devices: list[torch.device] | None = None,
+        cluster_environment: ClusterEnvironment | None = None,
+        process_group_backend: str | None = None,
+        timeout: timedelta | float = DEFAULT_TIMEOUT,
+        start_method: str = "popen",
+        find_unused_parameters: bool = False,
+        static_graph: bool = False,
+        gradient_as_bucket_view: bool = False,
+        bucket_cap_mb: float | None = None,
+        ddp_comm_state: Any = None,
+        ddp_comm_hook: CommHook | None = None,
+        ddp_comm_wrapper: Callable[[CommHook], CommHook] | None = None,
+        model_averaging_period: int | None = None,
+    ) -> None:
+        super().__init__(
+            accelerator=accelerator,
+            precision=precision,
+            checkpoint_io=checkpoint_io,
+            parallel_devices=parallel_devices,
+            cluster_environment=cluster_environment,
+            process_group_backend=process_group_backend,
+            timeout=timeout,
+        )
+        self.start_method = check_start_method(start_method)
+        for option, value in (
+            ("find_unused_parameters", find_unused_parameters),
+            ("static_graph", static_graph),
+            ("gradient_as_bucket_view", gradient_as_bucket_view),
+        ):
+            if not isinstance(value, bool):
+                raise TypeError(f"{option}={value!r} is not valid; expected True or False.")
+        if bucket_cap_mb is not None and (
+            isinstance(bucket_cap_mb, bool) or not isinstance(bucket_cap_mb, int | float) or bucket_cap_mb <= 0
+        ):
+            raise ValueError(f"bucket_cap_mb={bucket_cap_mb!r} is not valid; expected a positive number (MiB) or None.")
+        if model_averaging_period is not None and (
+            isinstance(model_averaging_period, bool)
+            or not isinstance(model_averaging_period, int)
+            or model_averaging_period < 1
+        ):
+            raise ValueError(
+                f"model_averaging_period={model_averaging_period!r} is not valid; expected a positive int or None."
+            )
+        for option, function in (("ddp_comm_hook", ddp_comm_hook), ("ddp_comm_wrapper", ddp_comm_wrapper)):
+            if function is not None and not callable(function):
+                raise TypeError(f"{option}={function!r} is not valid; expected a function (or None).")
+        self.find_unused_parameters = find_unused_parameters
+        self.static_graph = static_graph
+        self.gradient_as_bucket_view = gradient_as_bucket_view
+        self.bucket_cap_mb = bucket_cap_mb
+        self.ddp_comm_state = ddp_comm_state
+        self.ddp_comm_hook = ddp_comm_hook
+        self.ddp_comm_wrapper = ddp_comm_wrapper
+        self.model_averaging_period = model_averaging_period
+        self._launcher: Launcher | None = None
+        self._model_averager: Any = None
+
+    def configure(
+        self,
+        *,
+        accelerator: Accelerator,
+        devices: list[torch.device],
+        num_nodes: int,
+        precision: Precision,
+        checkpoint_io: CheckpointIO | None,
+        cluster_environment: ClusterEnvironment,
+    ) -> None:
+        super().configure(
+            accelerator=accelerator,
+            devices=devices,
+            num_nodes=num_nodes,
+            precision=precision,
+            checkpoint_io=checkpoint_io,
+            cluster_environment=cluster_environment,
+        )
+        check_comm_hook_options(
+            hook=self.ddp_comm_hook,
+            wrapper=self.ddp_comm_wrapper,
+            state=self.ddp_comm_state,
+            backend=self.process_group_backend,
+            bucket_cap_mb=self.bucket_cap_mb,
+            model_averaging_period=self.model_averaging_period,
+        )
+        self._launcher = create_launcher(self.start_method, self._environment, self.num_processes, self.num_nodes)
+
+    def connect_loop_settings(self, settings: LoopSettings) -> None:
+        if self.static_graph and settings.accumulate_grad_batches > 1:
+            raise ValueError(
+                f"accumulate_grad_batches={settings.accumulate_grad_batches} skips gradient sync on all but the last "
+                "batch (DDP.no_sync), which DDP does not support with static_graph=True. Use "
+                "accumulate_grad_batches=1 or static_graph=False."
+            )
+        super().connect_loop_settings(settings)
+
+    @property
+    def launcher(self) -> Launcher:
+        if self._launcher is None:
+            raise RuntimeError(f"{type(self).__name__} has no launcher yet; create it with stratagem.resolve().")
+        return self._launcher
+
+    def setup_module(self, module: nn.Module) -> nn.Module:
+        module = super().setup_module(module)
+        backend = self.process_group_backend
+        check_single_bucket(module, self.ddp_comm_hook, backend, self.bucket_cap_mb)
+        model = self.configure_ddp(module)
+        state = build_comm_state(self.ddp_comm_state, self.ddp_comm_hook, backend)
+        register_comm_hook(model, state, self.ddp_comm_hook, self.ddp_comm_wrapper)
+        if self.model_averaging_period is not None:
+            self._model_averager = create_model_averager(state, self.model_averaging_period)
+        self._model = model
+        return model
+
+    def configure_ddp(self, module: nn.Module) -> DistributedDataParallel:
+        """Wrap ``module`` (already on :attr:`root_device`) in ``DistributedDataParallel``.
+
+        Override to pass other arguments to DDP or to use a subclass of it; comm hooks are
+        registered on what this returns.
+        """
+        options: dict[str, Any] = {
+            "find_unused_parameters": self.find_unused_parameters,
+            "static_graph": self.static_graph,
+            "gradient_as_bucket_view": self.gradient_as_bucket_view,
+        }
+        if self.bucket_cap_mb is not None:
+            options["bucket_cap_mb"] = self.bucket_cap_mb
+        device_ids = [self.root_device.index] if self.root_device.type == "cuda" else None
+        return DistributedDataParallel(module, device_ids=device_ids, **options)
+
+    def no_backward_sync(self, enabled: bool) -> contextlib.AbstractContextManager[Any]:
+        if not enabled or not isinstance(self.model, DistributedDataParallel):
+            return contextlib.nullcontext()
+        if self.static_graph:
+            raise RuntimeError(
+                "Skipping gradient sync (DDP.no_sync) is not supported with static_graph=True; "
+                "use static_graph=False to accumulate gradients."
+            )
+        return self.model.no_sync()
+
+    def optimizer_step(self, optimizer: Optimizer) -> Any:
+        result = super().optimizer_step(optimizer)
+        if self._model_averager is not None:
+            parameters = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+            self._model_averager.average_parameters(iter(parameters))
+        return result
+
+    def teardown(self) -> None:
+        self._model = self._module
+        self._model_averager = None
+        # A DDP wrapper whose comm hook (powerSGD) outlived the process group aborted the
+        # process at exit on gloo; collect it while the group still exists.
+        gc.collect()
+        super().teardown()
+
+    def __repr__(self) -> str:
+        return (
+            f"DDPStrategy(devices={self.num_processes}, num_nodes={self.num_nodes}, "
+            f"start_method={self.start_method!r}, process_group_backend={self._process_group_backend or 'auto'!r})"
+        )

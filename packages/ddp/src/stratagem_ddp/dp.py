@@ -1,0 +1,112 @@
+"""DataParallelStrategy: one process drives several CUDA GPUs with torch.nn.DataParallel."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from stratagem.accelerators import Accelerator
+from stratagem.checkpoint_io import CheckpointIO
+from stratagem.environments.cluster_environment import ClusterEnvironment
+from stratagem.launchers import InProcessLauncher, Launcher
+from stratagem.precision import Precision
+from stratagem.strategies import ReduceOp, Strategy
+
+SUPPORTED_PRECISIONS = ("32-true", "64-true")
+"""DataParallel replicates the module per forward; the 16-bit plugins' casts and scalers do not follow it."""
+
+
+class DataParallelStrategy(Strategy):
+    """Each batch is split across the GPUs of one process and the replicas' outputs gathered on the first.
+
+    Collectives are identities (there is one rank). The training loss the replicas return is
+    averaged. Only CUDA, one node, and 32/64-bit precision: prefer ``ddp``, which is faster
+    on the same GPUs.
+    """
+
+    def __init__(
+        self,
+        accelerator: Accelerator | None = None,
+        precision: Precision | None = None,
+        checkpoint_io: CheckpointIO | None = None,
+        parallel_devices: list[torch.device] | None = None,
+    ) -> None:
+        super().__init__(accelerator=accelerator, precision=precision, checkpoint_io=checkpoint_io)
+        self.parallel_devices = parallel_devices
+        self._launcher = InProcessLauncher()
+
+    def configure(
+        self,
+        *,
+        accelerator: Accelerator,
+        devices: list[torch.device],
+        num_nodes: int,
+        precision: Precision,
+        checkpoint_io: CheckpointIO | None,
+        cluster_environment: ClusterEnvironment,
+    ) -> None:
+        accelerator = self._accelerator or accelerator
+        if accelerator.device_type != "cuda":
+            raise ValueError(
+                f"strategy='dp' (torch DataParallel) splits batches over several CUDA GPUs in one process, but "
+                f"accelerator={accelerator.device_type!r}. Use accelerator='cuda', or strategy='ddp' (one process "
+                "per device, also on CPU)."
+            )
+        if num_nodes != 1:
+            raise ValueError(f"strategy='dp' runs in one process on one machine, but num_nodes={num_nodes}; use 'ddp'.")
+        precision = self._precision or precision
+        if precision.name not in SUPPORTED_PRECISIONS:
+            raise ValueError(
+                f"strategy='dp' does not support precision={precision.name!r}; expected one of "
+                f"{', '.join(map(repr, SUPPORTED_PRECISIONS))}. Use strategy='ddp' for 16-bit precision."
+            )
+        self._accelerator = accelerator
+        self._precision = precision
+        self._checkpoint_io = self._checkpoint_io or checkpoint_io
+        self.parallel_devices = self.parallel_devices or devices
+
+    @property
+    def launcher(self) -> Launcher:
+        return self._launcher
+
+    @property
+    def root_device(self) -> torch.device:
+        if not self.parallel_devices:
+            raise RuntimeError("DataParallelStrategy has no devices yet; create it with stratagem.resolve().")
+        return self.parallel_devices[0]
+
+    def setup_module(self, module: nn.Module) -> nn.Module:
+        module = super().setup_module(module)
+        device_ids = [device.index for device in self.parallel_devices or []]
+        self._model = nn.DataParallel(module, device_ids=device_ids, output_device=self.root_device.index)
+        return self._model
+
+    def run_step(self, step_name: str, *args: Any) -> Any:
+        output = super().run_step(step_name, *args)
+        return _mean_of_replicas(output) if step_name == "training_step" else output
+
+    def reduce(self, tensor: torch.Tensor, op: ReduceOp = "mean") -> torch.Tensor:
+        return tensor
+
+    def all_gather(self, tensor: torch.Tensor, sync_grads: bool = False) -> torch.Tensor:
+        return tensor.unsqueeze(0)
+
+    def broadcast(self, obj: Any, src: int = 0) -> Any:
+        return obj
+
+    def barrier(self, name: str | None = None) -> None:
+        return None
+
+    def __repr__(self) -> str:
+        return f"DataParallelStrategy(devices={[str(d) for d in self.parallel_devices or []]})"
+
+
+def _mean_of_replicas(output: Any) -> Any:
+    """DataParallel gathers each replica's scalar loss into a vector; the step's loss is their mean."""
+    if isinstance(output, torch.Tensor) and output.dim() == 1:
+        return output.mean()
+    if isinstance(output, dict) and isinstance(output.get("loss"), torch.Tensor) and output["loss"].dim() == 1:
+        return {**output, "loss": output["loss"].mean()}
+    return output
