@@ -75,11 +75,11 @@ def make_strategy(devices: int = 2, precision: str = "32-true", **options: Any) 
     return strategy
 
 
-def build(strategy: FSDPStrategy, seed: int = 0, module_class: type[nn.Module] = Net, **kwargs: Any):
+def build(strategy: FSDPStrategy, seed: int = 0, module_class: type[nn.Module] = Net, empty_init: bool | None = None):
     """Create the module under the strategy's init context, set it up, and give it an AdamW optimizer."""
     torch.manual_seed(seed)
-    with strategy.module_init_context():
-        module = module_class(**kwargs)
+    with strategy.module_init_context(empty_init):
+        module = module_class()
     strategy.setup_module(module)
     [optimizer] = strategy.setup_optimizers([torch.optim.AdamW(module.parameters(), lr=LEARNING_RATE)])
     return module, optimizer

@@ -48,9 +48,9 @@ def _save_then_continue(path, state_dict_type):
     return {"weights": weights, "optimizer": to_index_keyed(optimizer_state), "continued": continued}
 
 
-def _resume(path, devices, options=None):
+def _resume(path, devices, options=None, empty_init=None):
     strategy = make_strategy(devices=devices, **(options or {"auto_wrap_policy": {Block}}))
-    module, optimizer = build(strategy, seed=99)
+    module, optimizer = build(strategy, seed=99, empty_init=empty_init)
     remaining = strategy.load_checkpoint(path, {"module": module, "optimizers": [optimizer]})
     weights = strategy.module_full_state_dict()
     return {"remaining": remaining, "weights": weights, "continued": train(strategy, optimizer, AFTER)}
@@ -90,9 +90,10 @@ def test_sharded_checkpoint_is_a_directory_and_full_checkpoint_one_plain_file(sa
         _assert_same_optimizer_state(checkpoint["optimizers"][0], original["optimizer"])
 
 
-def test_checkpoint_resumes_exactly_on_two_ranks(saved, workers):
+@pytest.mark.parametrize("empty_init", [None, True], ids=["initialised", "allocated_only"])
+def test_checkpoint_resumes_exactly_on_two_ranks(saved, workers, empty_init):
     _, path, original = saved
-    resumed = workers.run(_resume, str(path), 2)
+    resumed = workers.run(_resume, str(path), 2, None, empty_init)
     _assert_same_weights(resumed[0]["weights"], original["weights"])
     for rank_result in resumed:
         assert rank_result["remaining"] == PLAIN_ENTRIES

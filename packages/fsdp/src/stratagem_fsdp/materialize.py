@@ -23,24 +23,31 @@ def has_meta_tensors(module: nn.Module) -> bool:
     return any(tensor.is_meta for tensor in (*module.parameters(), *module.buffers()))
 
 
-def materialize(module: nn.Module, storage_device: torch.device, compute_device: torch.device) -> list[str]:
+def materialize(
+    module: nn.Module, storage_device: torch.device, compute_device: torch.device, initialise: bool = True
+) -> list[str]:
     """Allocate ``module``'s tensors on ``storage_device`` and initialise them; return modules left uninitialised.
 
     Sharded parameters live on ``storage_device`` (the CPU when offloading); buffers and the
     temporary whole parameters are on ``compute_device``, whose random generator a normal
     creation under the strategy's init context would have used. Modules are initialised
     children first, as constructors that create children and then reset their own
-    parameters (``nn.MultiheadAttention``) do.
+    parameters (``nn.MultiheadAttention``) do. ``initialise=False`` only allocates, for
+    weights that a checkpoint will overwrite.
     """
     module.to_empty(device=storage_device)
+    if storage_device != compute_device:
+        # Only the shards are offloaded; buffers take part in compute.
+        for submodule in module.modules():
+            for buffer_name, buffer in submodule.named_buffers(recurse=False):
+                submodule._buffers[buffer_name] = buffer.to(compute_device)
+    if not initialise:
+        return []
     uninitialised = []
     for name, submodule in _post_order(module):
         own = [*submodule.parameters(recurse=False), *submodule.buffers(recurse=False)]
         if not own:
             continue
-        if storage_device != compute_device:
-            for buffer_name, buffer in submodule.named_buffers(recurse=False):
-                submodule._buffers[buffer_name] = buffer.to(compute_device)
         reset = getattr(submodule, "reset_parameters", None) or getattr(submodule, "_reset_parameters", None)
         if not callable(reset):
             uninitialised.append(name or type(submodule).__name__)

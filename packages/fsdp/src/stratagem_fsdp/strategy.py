@@ -119,6 +119,7 @@ class FSDPStrategy(ParallelStrategy):
         self._offload_policy: OffloadPolicy | None = None
         self._device_mesh: DeviceMesh | None = None
         self._launcher: Launcher | None = None
+        self._weights_will_be_loaded = False
 
     def configure(
         self,
@@ -193,6 +194,7 @@ class FSDPStrategy(ParallelStrategy):
             with super().module_init_context(empty_init):
                 yield
             return
+        self._weights_will_be_loaded = bool(empty_init)
         with torch.device("meta"), self.precision.module_init_context():
             yield
 
@@ -221,7 +223,7 @@ class FSDPStrategy(ParallelStrategy):
         if has_meta_tensors(root):
             offloaded = isinstance(self._configured_offload_policy, CPUOffloadPolicy)
             storage = torch.device("cpu") if offloaded else self.root_device
-            uninitialised = materialize(root, storage, self.root_device)
+            uninitialised = materialize(root, storage, self.root_device, initialise=not self._weights_will_be_loaded)
             if uninitialised and self.is_global_zero:
                 names = ", ".join(name.removeprefix("module.") for name in uninitialised)
                 warnings.warn(
