@@ -140,3 +140,68 @@ def train(
     model, optimizers = set_up(resolved, optimizer)
     losses = train_steps(resolved, model, optimizers, steps)
     return losses, resolved.module_full_state_dict(), type(optimizers[0]).__name__
+
+
+class NotATensor:
+    """A custom object in a checkpoint: a weights-only load must refuse it."""
+
+    def __init__(self, value: int) -> None:
+        self.value = value
+
+
+def train_and_save(
+    strategy: str | dict[str, Any], steps: int, path: str, precision: str = "32-true", extra: Any = None
+) -> tuple[list[float], dict[str, torch.Tensor]]:
+    """Train ``steps`` steps and save; return the losses and the gathered weights at the save (rank 0)."""
+    resolved = create_strategy(strategy, precision)
+    model, optimizers = set_up(resolved)
+    losses = train_steps(resolved, model, optimizers, steps)
+    state = {"module": model, "optimizers": optimizers, "loops": {"step": steps}}
+    if extra is not None:
+        state["extra"] = extra
+    resolved.save_checkpoint(path, state)
+    return losses, resolved.module_full_state_dict()
+
+
+def load_and_train(
+    strategy: str | dict[str, Any],
+    path: str,
+    steps: int,
+    start_step: int,
+    precision: str = "32-true",
+    with_optimizers: bool = True,
+) -> tuple[dict[str, Any], dict[str, torch.Tensor], list[float], dict[str, torch.Tensor], list[str]]:
+    """Load ``path`` into a fresh run, then train on; return the plain entries, the weights right after
+    loading, the losses, the final weights and the warnings raised while loading."""
+    import warnings
+
+    resolved = create_strategy(strategy, precision)
+    model, optimizers = set_up(resolved)
+    state: dict[str, Any] = {"module": model}
+    if with_optimizers:
+        state["optimizers"] = optimizers
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        remaining = resolved.load_checkpoint(path, state)
+    loaded = resolved.module_full_state_dict()
+    losses = train_steps(resolved, model, optimizers, steps, start_step=start_step)
+    messages = [str(warning.message) for warning in caught if "optimizer state" in str(warning.message)]
+    return remaining, loaded, losses, resolved.module_full_state_dict(), messages
+
+
+def save_twice(path: str, fail_second: bool) -> list[str]:
+    """Save after 1 step and again after 2; the second save may carry an entry that cannot be pickled."""
+    resolved = create_strategy("deepspeed_stage_2")
+    model, optimizers = set_up(resolved)
+    outcomes = []
+    for step in range(2):
+        train_steps(resolved, model, optimizers, 1, start_step=step)
+        state = {"module": model, "optimizers": optimizers, "loops": {"step": step + 1}}
+        if fail_second and step == 1:
+            state["unpicklable"] = lambda: None
+        try:
+            resolved.save_checkpoint(path, state)
+            outcomes.append("saved")
+        except Exception as error:
+            outcomes.append(f"{type(error).__name__}: {error}")
+    return outcomes

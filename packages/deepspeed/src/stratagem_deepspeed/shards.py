@@ -31,8 +31,10 @@ def check_weights_only(directory: Path, tag: str) -> None:
             with torch.serialization.safe_globals(allowed):
                 torch.load(path, map_location="cpu", mmap=True, weights_only=True)
         except Exception as error:
+            lines = str(error).splitlines()
+            reason = next((line.strip() for line in lines if "WeightsUnpickler error" in line), type(error).__name__)
             raise RuntimeError(
-                f"{str(path)!r} holds objects that a weights-only load refuses ({error}). If you trust the "
+                f"{str(path)!r} holds objects that a weights-only load refuses ({reason}). If you trust the "
                 "checkpoint, load it with weights_only=False."
             ) from error
 

@@ -358,6 +358,7 @@ class DeepSpeedStrategy(ParallelStrategy):
         full_weights = self.module_full_state_dict() if self.save_full_weights else None
         with layout.removed_on_error(temporary):
             self.engine.save_checkpoint(str(temporary))
+            problem = None
             if self.is_global_zero:
                 metadata = {
                     "module_key": module_key,
@@ -368,8 +369,15 @@ class DeepSpeedStrategy(ParallelStrategy):
                 entries = {**plain, layout.METADATA_KEY: metadata}
                 if full_weights is not None:
                     entries[module_key] = full_weights
-                layout.write_state_file(temporary, entries)
-            self.barrier("save_checkpoint: every rank wrote its shards")
+                try:
+                    layout.write_state_file(temporary, entries)
+                except Exception as error:
+                    problem = error
+            # Also the point where every rank has written its shards: only then is the directory whole.
+            if not self.reduce_boolean(problem is None):
+                if problem is not None:
+                    raise problem
+                raise RuntimeError(f"save_checkpoint({str(target)!r}) failed on rank 0; its error says why.")
             if self.is_global_zero:
                 layout.publish(temporary, target)
         self.barrier("save_checkpoint: published")

@@ -1,0 +1,166 @@
+"""Checkpoints: DeepSpeed's directory plus the loop state, written atomically by every rank,
+resumed exactly at the same stage and world size, and read as plain fp32 state anywhere else."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from deepspeed_testing import (
+    WORKER_ENV,
+    NotATensor,
+    RegressionNet,
+    load_and_train,
+    reference_run,
+    save_twice,
+    train_and_save,
+)
+
+import stratagem
+from stratagem.checkpoint_io import TorchCheckpointIO, read_full_checkpoint
+from stratagem.testing import DistributedWorkers
+from stratagem_deepspeed import DeepSpeedCheckpointIO, convert_zero_checkpoint_to_fp32_state_dict
+
+pytestmark = [pytest.mark.distributed, pytest.mark.timeout(300)]
+
+STEPS = 3
+
+
+@pytest.fixture(scope="module")
+def workers():
+    with DistributedWorkers(2, env=WORKER_ENV) as pool:
+        yield pool
+
+
+@pytest.fixture(scope="module")
+def saved(workers, tmp_path_factory):
+    """Stage-3 and stage-2 checkpoints after 3 steps, with the weights each run held when saving."""
+    root = tmp_path_factory.mktemp("checkpoints")
+    found = {}
+    for alias in ("deepspeed_stage_2", "deepspeed_stage_3"):
+        path = root / alias
+        _, weights = workers.run(train_and_save, alias, STEPS, str(path))[0]
+        found[alias] = (path, weights)
+    return found
+
+
+def assert_identical(weights, expected):
+    assert set(weights) == set(expected)
+    for name, value in expected.items():
+        assert torch.equal(weights[name], value), name
+
+
+@pytest.mark.parametrize("alias", ["deepspeed_stage_2", "deepspeed_stage_3"])
+def test_a_checkpoint_resumes_exactly_at_the_same_stage_and_world_size(workers, saved, alias):
+    path, weights_at_save = saved[alias]
+    remaining, loaded, losses, final, warned = workers.run(load_and_train, alias, str(path), STEPS, STEPS)[0]
+    assert remaining == {"loops": {"step": STEPS}}
+    assert_identical(loaded, weights_at_save)
+    assert warned == []
+    uninterrupted_losses, uninterrupted_weights = reference_run(2 * STEPS)
+    assert losses == pytest.approx(uninterrupted_losses[STEPS:], abs=1e-5)
+    for name, value in uninterrupted_weights.items():
+        torch.testing.assert_close(final[name], value, atol=1e-5, rtol=0)
+
+
+def test_a_checkpoint_of_another_stage_loads_its_weights_and_warns_the_optimizer_state_is_fresh(workers, saved):
+    path, weights_at_save = saved["deepspeed_stage_2"]
+    rank_zero, rank_one = workers.run(load_and_train, "deepspeed_stage_3", str(path), 1, STEPS)
+    remaining, loaded, _, _, warned = rank_zero
+    assert remaining == {"loops": {"step": STEPS}}
+    assert_identical(loaded, weights_at_save)
+    assert len(warned) == 1
+    assert "optimizer state is not" in warned[0]
+    assert rank_one[4] == []
+
+
+def test_the_reader_gathers_full_fp32_weights_without_a_process_group(saved):
+    for path, weights_at_save in saved.values():
+        checkpoint = read_full_checkpoint(path, TorchCheckpointIO())
+        assert set(checkpoint) == {"module", "loops"}
+        assert_identical(checkpoint["module"], weights_at_save)
+
+
+def test_single_device_loads_a_stage_3_checkpoint_through_its_ordinary_load(saved):
+    path, weights_at_save = saved["deepspeed_stage_3"]
+    strategy = stratagem.resolve(strategy="single_device", accelerator="cpu", devices=1)
+    module = strategy.setup_module(RegressionNet())
+    remaining = strategy.load_checkpoint(path, {"module": module})
+    assert remaining == {"loops": {"step": STEPS}}
+    assert_identical(module.state_dict(), weights_at_save)
+
+
+def test_convert_zero_checkpoint_to_fp32_state_dict_writes_one_plain_file(saved, tmp_path):
+    path, weights_at_save = saved["deepspeed_stage_3"]
+    returned = convert_zero_checkpoint_to_fp32_state_dict(path, tmp_path / "full.pt")
+    on_disk = torch.load(tmp_path / "full.pt", weights_only=True)
+    assert_identical(on_disk["module"], weights_at_save)
+    assert on_disk["loops"] == returned["loops"] == {"step": STEPS}
+
+
+def test_a_single_device_checkpoint_loads_into_stage_3(workers, tmp_path):
+    initial = RegressionNet()
+    TorchCheckpointIO().save_checkpoint({"module": initial.state_dict(), "loops": {"step": 7}}, tmp_path / "one.pt")
+    checkpoint = str(tmp_path / "one.pt")
+    remaining, loaded, *_ = workers.run(load_and_train, "deepspeed_stage_3", checkpoint, 1, 0, "32-true", False)[0]
+    assert remaining == {"loops": {"step": 7}}
+    assert_identical(loaded, initial.state_dict())
+
+
+def test_saving_over_a_checkpoint_replaces_it_whole(workers, tmp_path):
+    path = tmp_path / "last.ckpt"
+    assert workers.run(save_twice, str(path), False)[0] == ["saved", "saved"]
+    assert (path / "latest").read_text() == "global_step2"
+    assert sorted(entry.name for entry in path.iterdir() if entry.name.startswith("global_step")) == ["global_step2"]
+    assert [entry.name for entry in tmp_path.iterdir()] == ["last.ckpt"], "no temporary directory left"
+
+
+def test_a_failed_save_leaves_the_previous_checkpoint_whole_and_fails_on_every_rank(workers, tmp_path):
+    path = tmp_path / "last.ckpt"
+    rank_zero, rank_one = workers.run(save_twice, str(path), True)
+    assert rank_zero[0] == rank_one[0] == "saved"
+    assert "pickle" in rank_zero[1]
+    assert rank_one[1].startswith("RuntimeError")
+    assert "failed on rank 0" in rank_one[1]
+    assert (path / "latest").read_text() == "global_step1"
+    assert read_full_checkpoint(path, TorchCheckpointIO())["loops"] == {"step": 1}
+    assert [entry.name for entry in tmp_path.iterdir()] == ["last.ckpt"], "the partial directory is removed"
+
+
+def test_pickled_objects_load_only_when_weights_only_is_off(workers, tmp_path):
+    path = tmp_path / "custom"
+    workers.run(train_and_save, "deepspeed_stage_2", 1, str(path), "32-true", NotATensor(5))
+    with pytest.raises(RuntimeError, match="weights_only=False"):
+        read_full_checkpoint(path, TorchCheckpointIO())
+    assert read_full_checkpoint(path, TorchCheckpointIO(), weights_only=False)["extra"].value == 5
+
+
+def test_a_foreign_object_in_the_shard_directory_is_refused_by_a_weights_only_load(saved, tmp_path):
+    path = tmp_path / "copy"
+    shutil.copytree(saved["deepspeed_stage_3"][0], path)
+    tag = (path / "latest").read_text()
+    torch.save({"payload": NotATensor(1)}, path / tag / "zz_extra_model_states.pt")
+    with pytest.raises(RuntimeError, match=r"zz_extra_model_states.pt.*NotATensor.*weights_only=False"):
+        read_full_checkpoint(path, TorchCheckpointIO())
+
+
+def test_save_full_weights_stores_the_gathered_module_so_readers_need_no_shards(workers, tmp_path):
+    path = tmp_path / "full_weights"
+    _, weights_at_save = workers.run(train_and_save, {"stage": 3, "save_full_weights": True}, 2, str(path))[0]
+    shutil.rmtree(path / (path / "latest").read_text())
+    (path / "latest").unlink()
+    assert_identical(read_full_checkpoint(path, TorchCheckpointIO())["module"], weights_at_save)
+
+
+def test_the_checkpoint_io_alone_writes_a_directory_it_reads_back_and_removes(tmp_path):
+    io = DeepSpeedCheckpointIO()
+    io.save_checkpoint({"module": {"w": torch.ones(2)}, "loops": {"step": 1}}, tmp_path / "plain")
+    assert DeepSpeedCheckpointIO.can_read(tmp_path / "plain")
+    assert not DeepSpeedCheckpointIO.can_read(tmp_path / "missing")
+    loaded = io.load_checkpoint(tmp_path / "plain")
+    assert loaded["loops"] == {"step": 1}
+    assert torch.equal(loaded["module"]["w"], torch.ones(2))
+    io.remove_checkpoint(tmp_path / "plain")
+    assert not Path(tmp_path / "plain").exists()
