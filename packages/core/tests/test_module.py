@@ -42,7 +42,7 @@ def test_predict_step_calls_forward_by_default(tmp_path):
         def forward(self, batch):
             return batch * 2
 
-    predictions = quiet_trainer(tmp_path).predict(Doubler(), [[torch.ones(2), torch.zeros(3)]])
+    predictions = quiet_trainer(tmp_path).predict(Doubler(), [torch.ones(2), torch.zeros(3)])
     assert [p.tolist() for p in predictions] == [[2.0, 2.0], [0.0, 0.0, 0.0]]
 
 

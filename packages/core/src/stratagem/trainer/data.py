@@ -38,15 +38,20 @@ _KEPT_SETTINGS = (
 
 
 def as_loader_list(loaders: Any, argument: str) -> list[Iterable[Any]]:
-    """One dataloader or a list/tuple of them, as a list; raises naming ``argument`` otherwise."""
+    """The dataloaders given as ``argument``, as a list.
+
+    A list or tuple of DataLoaders means several; any other iterable (a list of batches
+    included) is one source of batches.
+    """
     if loaders is None:
         return []
-    items = list(loaders) if isinstance(loaders, list | tuple) else [loaders]
+    several = isinstance(loaders, list | tuple) and loaders and all(isinstance(item, DataLoader) for item in loaders)
+    items = list(loaders) if several else [loaders]
     for item in items:
         if not isinstance(item, Iterable):
             raise TypeError(
                 f"{argument} got {type(item).__name__}; expected a DataLoader, any iterable of batches, or a list "
-                "of them."
+                "of DataLoaders."
             )
     return items
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -325,6 +326,7 @@ class Trainer:
             for group, name in zip(loaders, _ARGUMENT_NAMES[stage]):
                 for loader in group:
                     check_splittable(loader, name)
+        module.trainer = self
         launcher = self.strategy.launcher
         output: WorkerOutput = launcher.launch(self._run_in_worker, stage, module, loaders, checkpoint, weights_only)
         if not launcher.caller_is_worker:
@@ -350,6 +352,8 @@ class Trainer:
         deterministic_before = torch.are_deterministic_algorithms_enabled()
         status = "failed"
         try:
+            if not strategy.launcher.caller_is_worker:
+                _make_tensors_private(module)
             strategy.setup_environment()
             if self.settings.deterministic:
                 torch.use_deterministic_algorithms(True)
@@ -431,6 +435,18 @@ class Trainer:
         seed = self.settings.seed or 0
         shuffle = None if stage == "fit" else False
         return [with_distributed_sampler(loader, sampler_kwargs, seed, shuffle) for loader in loaders]
+
+
+@torch.no_grad()
+def _make_tensors_private(module: Module) -> None:
+    """Give the module its own copy of tensors that arrived in shared memory.
+
+    Tensors sent to a spawned process travel as shared memory, so every rank (and the caller)
+    would otherwise update the same parameter storage.
+    """
+    for tensor in itertools.chain(module.parameters(), module.buffers()):
+        if tensor.is_shared():
+            tensor.data = tensor.data.clone()
 
 
 _ARGUMENT_NAMES: dict[str, tuple[str, ...]] = {

@@ -1,0 +1,152 @@
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from trainer_testing import ClassifierModule, make_loader, quiet_trainer
+
+from stratagem.callbacks import ModelCheckpoint
+from stratagem.checkpoint_io import PathLike
+from stratagem.strategies import SingleDeviceStrategy
+
+
+def _names(directory: Path) -> list[str]:
+    return sorted(entry.name for entry in directory.iterdir())
+
+
+class _ScriptedMetric(ClassifierModule):
+    """Logs ``score`` = the next value of a script at every validation."""
+
+    def __init__(self, scores):
+        super().__init__()
+        self.scores = list(scores)
+
+    def validation_step(self, batch, batch_idx, *args):
+        pass
+
+    def on_validation_epoch_end(self):
+        if not self.trainer.sanity_checking:
+            self.log("score", self.scores.pop(0))
+
+
+def _fit(root, callback, module=None, **options):
+    trainer = quiet_trainer(root, enable_checkpointing=True, callbacks=[callback], **options)
+    trainer.fit(module or ClassifierModule(), make_loader(num_samples=32, batch_size=8), make_loader(num_samples=8))
+    return trainer
+
+
+def test_every_n_train_steps_saves_and_keeps_the_most_recent_by_default(tmp_path):
+    callback = ModelCheckpoint(every_n_train_steps=3, save_top_k=2)
+    _fit(tmp_path, callback, max_steps=10)
+    # Steps 3, 6, 9, and the final step 10 at the end of training; the two newest stay.
+    assert _names(tmp_path / "checkpoints") == ["epoch=2-step=10.ckpt", "epoch=2-step=9.ckpt"]
+    assert callback.best_model_path == str(tmp_path / "checkpoints" / "epoch=2-step=10.ckpt")
+
+
+def test_every_n_epochs_saves_at_the_end_of_epochs(tmp_path):
+    callback = ModelCheckpoint(every_n_epochs=2, save_top_k=-1, dirpath=tmp_path / "ckpts")
+    _fit(tmp_path, callback, max_epochs=4)
+    assert _names(tmp_path / "ckpts") == ["epoch=1-step=8.ckpt", "epoch=3-step=16.ckpt"]
+
+
+@pytest.mark.parametrize(("mode", "kept", "best"), [("min", [0.2, 0.3], 0.2), ("max", [0.9, 0.5], 0.9)])
+def test_top_k_keeps_the_best_checkpoints_by_the_monitored_metric(tmp_path, mode, kept, best):
+    scores = [0.5, 0.3, 0.9, 0.2, 0.4]
+    callback = ModelCheckpoint(monitor="score", mode=mode, save_top_k=2, filename="{epoch}-{score:.1f}")
+    _fit(tmp_path, callback, module=_ScriptedMetric(scores), max_epochs=5)
+    epochs = {score: index for index, score in enumerate(scores)}
+    expected = sorted(f"epoch={epochs[score]}-score={score:.1f}.ckpt" for score in kept)
+    assert _names(tmp_path / "checkpoints") == expected
+    assert sorted(callback.best_k_models.values()) == pytest.approx(sorted(kept))
+    assert callback.best_model_score == pytest.approx(best)
+    assert Path(callback.best_model_path).name == f"epoch={epochs[best]}-score={best:.1f}.ckpt"
+
+
+def test_a_metric_that_was_never_logged_saves_nothing_and_warns(tmp_path):
+    callback = ModelCheckpoint(monitor="missing", every_n_train_steps=2)
+    with pytest.warns(UserWarning, match="ModelCheckpoint\\(monitor='missing'\\) found no such metric"):
+        _fit(tmp_path, callback, max_steps=2)
+    assert not (tmp_path / "checkpoints").exists()
+
+
+def test_save_last_writes_last_and_best_resumes_from_the_best(tmp_path):
+    callback = ModelCheckpoint(monitor="score", save_last=True)
+    trainer = _fit(tmp_path, callback, module=_ScriptedMetric([0.3, 0.1, 0.2]), max_epochs=3)
+    assert _names(tmp_path / "checkpoints") == ["epoch=1-step=8.ckpt", "last.ckpt"]
+    last = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=True)
+    assert last["loops"]["fit"]["global_step"] == 12
+    resumed = quiet_trainer(tmp_path, max_epochs=3)
+    resumed.validate(ClassifierModule(), make_loader(), ckpt_path=callback.best_model_path)
+    assert trainer.checkpoint_callback is callback
+
+
+def test_save_last_as_link_points_at_the_newest_checkpoint(tmp_path):
+    callback = ModelCheckpoint(save_last="link", every_n_train_steps=2)
+    _fit(tmp_path, callback, max_steps=4)
+    last = tmp_path / "checkpoints" / "last.ckpt"
+    assert last.is_symlink()
+    assert os.readlink(last) == "epoch=0-step=4.ckpt"
+    assert torch.load(last, weights_only=True)["loops"]["fit"]["global_step"] == 4
+
+
+def test_settings_that_cannot_work_are_refused():
+    with pytest.raises(ValueError, match="mode='best'"):
+        ModelCheckpoint(mode="best")
+    with pytest.raises(ValueError, match="save_top_k=-2"):
+        ModelCheckpoint(save_top_k=-2)
+    with pytest.raises(ValueError, match="every_n_train_steps=0"):
+        ModelCheckpoint(every_n_train_steps=0)
+    with pytest.raises(ValueError, match="give one of them"):
+        ModelCheckpoint(every_n_train_steps=1, every_n_epochs=1)
+    with pytest.raises(ValueError, match="save_last='yes'"):
+        ModelCheckpoint(save_last="yes")
+
+
+def test_state_is_restored_only_for_the_same_directory(tmp_path):
+    callback = ModelCheckpoint(dirpath=tmp_path / "a")
+    callback.best_k_models = {str(tmp_path / "a" / "x.ckpt"): 1.0}
+    callback.best_model_path = str(tmp_path / "a" / "x.ckpt")
+    same, other = ModelCheckpoint(dirpath=tmp_path / "a"), ModelCheckpoint(dirpath=tmp_path / "b")
+    same.load_state_dict(callback.state_dict())
+    other.load_state_dict(callback.state_dict())
+    assert same.best_model_path == callback.best_model_path
+    assert other.best_model_path == ""
+
+
+class _DirectoryStrategy(SingleDeviceStrategy):
+    """Saves a checkpoint as a directory with one file per entry, as sharded strategies save shards."""
+
+    @property
+    def checkpoint_is_directory(self) -> bool:
+        return True
+
+    def save_checkpoint(self, path: PathLike, state):
+        target = Path(path)
+        target.mkdir(parents=True, exist_ok=True)
+        for key, value in state.items():
+            torch.save(self._state_of(value), target / f"{key}.pt")
+
+    def load_checkpoint(self, path: PathLike, state, strict=True, weights_only=True):
+        directory = Path(path)
+        remaining = {file.stem: torch.load(file, weights_only=weights_only) for file in directory.iterdir()}
+        state["module"].load_state_dict(remaining.pop("module"), strict=strict)
+        if "optimizers" in state:
+            for optimizer, optimizer_state in zip(state["optimizers"], remaining.pop("optimizers")):
+                optimizer.load_state_dict(optimizer_state)
+        return remaining
+
+    def remove_checkpoint(self, path: PathLike) -> None:
+        shutil.rmtree(path)
+
+
+def test_directory_checkpoints_are_kept_replaced_and_resumed_like_files(tmp_path):
+    callback = ModelCheckpoint(every_n_train_steps=2, save_last=True)
+    trainer = _fit(tmp_path, callback, strategy=_DirectoryStrategy(), max_steps=5)
+    assert _names(tmp_path / "checkpoints") == ["epoch=1-step=5.ckpt", "last.ckpt"]
+    assert (tmp_path / "checkpoints" / "last.ckpt" / "module.pt").is_file()
+    assert trainer.global_step == 5
+    resumed = _fit(
+        tmp_path, ModelCheckpoint(every_n_train_steps=2, save_last=True), strategy=_DirectoryStrategy(), max_steps=6
+    )
+    assert resumed.global_step == 6

@@ -1,0 +1,98 @@
+import pickle
+import threading
+
+import pytest
+import torch
+from trainer_testing import ClassifierModule, make_loader, quiet_trainer
+
+from stratagem import registry
+from stratagem.callbacks import ModelCheckpoint
+from stratagem.checkpoint_io import CheckpointIO, TorchCheckpointIO
+from stratagem.checkpoint_io.async_io import AsyncCheckpointIO
+
+
+class _GatedIO(TorchCheckpointIO):
+    """Writes only once the test opens the gate, and records the thread that wrote."""
+
+    def __init__(self):
+        self.gate = threading.Event()
+        self.threads = []
+
+    def save_checkpoint(self, checkpoint, path):
+        self.gate.wait(timeout=30)
+        self.threads.append(threading.current_thread().name)
+        super().save_checkpoint(checkpoint, path)
+
+
+class _FailingIO(TorchCheckpointIO):
+    def save_checkpoint(self, checkpoint, path):
+        raise OSError("disk full")
+
+
+def test_save_returns_before_the_write_and_saves_the_values_of_the_moment_it_was_called(tmp_path):
+    inner = _GatedIO()
+    io = AsyncCheckpointIO(inner)
+    weight = torch.zeros(3)
+    io.save_checkpoint({"weight": weight, "nested": [weight]}, tmp_path / "a.ckpt")
+    assert not (tmp_path / "a.ckpt").exists()
+    weight.add_(1)  # training goes on changing the live tensor
+    inner.gate.set()
+    io.teardown()
+    saved = torch.load(tmp_path / "a.ckpt", weights_only=True)
+    assert torch.equal(saved["weight"], torch.zeros(3))
+    assert torch.equal(saved["nested"][0], torch.zeros(3))
+    assert inner.threads[0].startswith("stratagem-checkpoint")
+
+
+def test_writes_and_removals_happen_in_order_and_loading_waits_for_them(tmp_path):
+    io = AsyncCheckpointIO()
+    io.save_checkpoint({"step": 1}, tmp_path / "a.ckpt")
+    io.save_checkpoint({"step": 2}, tmp_path / "b.ckpt")
+    io.remove_checkpoint(tmp_path / "a.ckpt")
+    assert io.load_checkpoint(tmp_path / "b.ckpt") == {"step": 2}
+    assert not (tmp_path / "a.ckpt").exists()
+    io.teardown()
+
+
+def test_an_error_in_the_background_surfaces_at_the_next_call_and_at_teardown(tmp_path):
+    io = AsyncCheckpointIO(_FailingIO())
+    io.save_checkpoint({"step": 1}, tmp_path / "a.ckpt")
+    with pytest.raises(RuntimeError, match="background checkpoint write failed: disk full"):
+        io.teardown()
+    io = AsyncCheckpointIO(_FailingIO())
+    io.save_checkpoint({"step": 1}, tmp_path / "a.ckpt")
+    io._pending[0].exception(timeout=30)  # let the background write fail before the next call
+    with pytest.raises(RuntimeError, match="disk full"):
+        io.save_checkpoint({"step": 2}, tmp_path / "b.ckpt")
+
+
+def test_async_is_registered_and_a_fit_waits_for_its_writes_at_the_end(tmp_path):
+    assert isinstance(registry.checkpoint_io.create("async"), AsyncCheckpointIO)
+    callback = ModelCheckpoint(every_n_train_steps=2, save_last=True)
+    trainer = quiet_trainer(tmp_path, max_steps=6, enable_checkpointing=True, callbacks=[callback], plugins="async")
+    assert isinstance(trainer.strategy.checkpoint_io, AsyncCheckpointIO)
+    trainer.fit(ClassifierModule(), make_loader())
+    last = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=True)
+    assert last["loops"]["fit"]["global_step"] == 6
+    assert sorted(path.name for path in (tmp_path / "checkpoints").iterdir()) == ["epoch=0-step=6.ckpt", "last.ckpt"]
+
+
+def test_a_failed_background_write_fails_the_fit(tmp_path):
+    trainer = quiet_trainer(
+        tmp_path,
+        max_steps=2,
+        enable_checkpointing=True,
+        plugins=AsyncCheckpointIO(_FailingIO()),
+    )
+    with pytest.raises(RuntimeError, match="disk full"):
+        trainer.fit(ClassifierModule(), make_loader())
+
+
+def test_it_pickles_without_its_thread_for_spawned_workers(tmp_path):
+    io = AsyncCheckpointIO()
+    io.save_checkpoint({"step": 1}, tmp_path / "a.ckpt")
+    clone = pickle.loads(pickle.dumps(io))
+    io.teardown()
+    assert isinstance(clone, CheckpointIO)
+    assert clone._executor is None
+    assert clone.load_checkpoint(tmp_path / "a.ckpt") == {"step": 1}

@@ -1,0 +1,73 @@
+import csv
+import pickle
+
+import pytest
+from trainer_testing import ClassifierModule, make_loader, quiet_trainer
+
+from stratagem.loggers import CSVLogger, TensorBoardLogger
+from stratagem.loggers import tensorboard as tensorboard_module
+
+
+def _rows(path):
+    with open(path, newline="") as stream:
+        return list(csv.DictReader(stream))
+
+
+def test_csv_logger_writes_step_metrics_every_n_steps_and_epoch_metrics(tmp_path):
+    trainer = quiet_trainer(tmp_path, max_epochs=2, logger=True, log_every_n_steps=2)
+    trainer.fit(ClassifierModule(), make_loader(num_samples=32, batch_size=8), make_loader(num_samples=8))
+    logger = trainer.logger
+    assert isinstance(logger, CSVLogger)
+    rows = _rows(logger.metrics_file)
+    assert logger.metrics_file == tmp_path / "csv_logs" / "version_0" / "metrics.csv"
+    assert [row["step"] for row in rows if row["train_loss"]] == ["2", "4", "6", "8"]
+    assert [(row["step"], row["epoch"]) for row in rows if row["val_loss"]] == [("4", "0"), ("8", "1")]
+    assert set(rows[0]) == {"step", "train_loss", "epoch", "val_loss", "val_acc"}
+
+
+def test_csv_logger_rewrites_its_header_when_a_new_metric_appears(tmp_path):
+    logger = CSVLogger(tmp_path, flush_every_n_rows=1)
+    logger.log_metrics({"a": 1.0}, step=0)
+    logger.log_metrics({"b": 2.0}, step=1)
+    logger.log_metrics({"a": 3.0}, step=2)
+    logger.finalize("success")
+    assert _rows(logger.metrics_file) == [
+        {"step": "0", "a": "1.0", "b": ""},
+        {"step": "1", "a": "", "b": "2.0"},
+        {"step": "2", "a": "3.0", "b": ""},
+    ]
+
+
+def test_each_new_logger_takes_the_next_version_directory(tmp_path):
+    first, second = CSVLogger(tmp_path), CSVLogger(tmp_path)
+    first.log_metrics({"a": 1.0}, step=0)
+    first.save()
+    assert (first.version, second.version) == (0, 1)
+    assert CSVLogger(tmp_path, version="named").log_dir == str(tmp_path / "csv_logs" / "named")
+
+
+def test_loggers_write_on_global_zero_only(tmp_path, monkeypatch):
+    trainer = quiet_trainer(tmp_path, max_steps=4, logger="csv", log_every_n_steps=1)
+    monkeypatch.setattr(type(trainer.strategy), "global_rank", property(lambda self: 1))
+    trainer.fit(ClassifierModule(), make_loader())
+    assert not (tmp_path / "csv_logs").exists()
+
+
+def test_tensorboard_that_is_not_installed_is_refused_with_the_install_command(tmp_path, monkeypatch):
+    monkeypatch.setattr(tensorboard_module, "tensorboard_available", lambda: False)
+    with pytest.raises(ValueError, match=r'needs the tensorboard package.*pip install "stratagem\[tensorboard\]"'):
+        quiet_trainer(tmp_path, logger="tensorboard")
+
+
+def test_tensorboard_logger_writes_event_files(tmp_path):
+    pytest.importorskip("tensorboard", reason="TensorBoard is optional: pip install 'stratagem[tensorboard]'")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    trainer = quiet_trainer(tmp_path, max_steps=4, logger=["tensorboard", "csv"], log_every_n_steps=2)
+    assert isinstance(trainer.logger, TensorBoardLogger)
+    pickle.loads(pickle.dumps(trainer.logger))
+    trainer.fit(ClassifierModule(), make_loader())
+    events = EventAccumulator(trainer.logger.log_dir)
+    events.Reload()
+    assert [event.step for event in events.Scalars("train_loss")] == [2, 4]
+    assert (tmp_path / "csv_logs" / "version_0" / "metrics.csv").is_file()
