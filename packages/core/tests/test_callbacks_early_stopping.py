@@ -74,5 +74,5 @@ def test_settings_that_cannot_work_are_refused():
         EarlyStopping("x", mode="lowest")
     with pytest.raises(ValueError, match="patience=-1"):
         EarlyStopping("x", patience=-1)
-    with pytest.raises(ValueError, match="min_delta=-0.1"):
+    with pytest.raises(ValueError, match=r"min_delta=-0\.1"):
         EarlyStopping("x", min_delta=-0.1)

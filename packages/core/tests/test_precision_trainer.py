@@ -49,12 +49,15 @@ def test_every_cpu_precision_runs_fit_validate_test_and_predict(tmp_path, precis
     assert math.isfinite(float(trainer.callback_metrics["val_loss"]))
     (validated,) = trainer.validate(module, make_loader())
     (tested,) = trainer.test(module, make_loader())
-    assert math.isfinite(validated["val_loss"]) and math.isfinite(tested["test_loss"])
+    assert math.isfinite(validated["val_loss"])
+    assert math.isfinite(tested["test_loss"])
     predictions = trainer.predict(module, make_loader(num_samples=16))
     assert [p.shape for p in predictions] == [torch.Size([8]), torch.Size([8])]
 
 
-@pytest.mark.parametrize(("short", "full"), [(32, "32-true"), (64, "64-true"), (16, "16-mixed"), ("bf16", "bf16-mixed")])
+@pytest.mark.parametrize(
+    ("short", "full"), [(32, "32-true"), (64, "64-true"), (16, "16-mixed"), ("bf16", "bf16-mixed")]
+)
 def test_short_precision_names_mean_their_full_form(tmp_path, short, full):
     assert quiet_trainer(tmp_path, precision=short).strategy.precision.name == full
 

@@ -41,7 +41,8 @@ def test_recreated_loader_reads_this_ranks_share_and_keeps_every_other_setting()
         prefetch_factor=3,
     )
     split = with_distributed_sampler(loader, SECOND_OF_TWO, seed=7)
-    assert isinstance(split, DataLoader) and split is not loader
+    assert isinstance(split, DataLoader)
+    assert split is not loader
     sampler = split.sampler
     assert isinstance(sampler, DistributedSampler)
     assert (sampler.num_replicas, sampler.rank, sampler.shuffle, sampler.seed) == (2, 1, True, 7)
@@ -76,7 +77,7 @@ def test_what_cannot_or_need_not_be_split_is_left_as_given():
 
 def test_a_custom_sampler_cannot_be_split_and_the_error_says_what_to_do():
     weighted = DataLoader(make_dataset(8), sampler=WeightedRandomSampler([1.0] * 8, 8))
-    with pytest.raises(ValueError, match="custom sampler .*WeightedRandomSampler.* use_distributed_sampler=False"):
+    with pytest.raises(ValueError, match=r"custom sampler .*WeightedRandomSampler.* use_distributed_sampler=False"):
         with_distributed_sampler(weighted, SECOND_OF_TWO, seed=0)
 
 
@@ -100,7 +101,7 @@ def test_counting_batches_with_limits():
     assert count_batches(loader, 0.0, "limit") == 0
     assert count_batches(iter([1, 2]), 1.0, "limit") is None
     assert count_batches(iter([1, 2]), 7, "limit") == 7
-    with pytest.raises(ValueError, match="limit_val_batches=0.5 is a fraction of the data, but the dataloader has no"):
+    with pytest.raises(ValueError, match=r"limit_val_batches=0\.5 is a fraction of the data, but the dataloader"):
         count_batches(iter([1, 2]), 0.5, "limit_val_batches")
 
 

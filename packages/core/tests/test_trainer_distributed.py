@@ -77,7 +77,7 @@ def fitted(tmp_path_factory):
 
 
 def test_the_callers_module_holds_the_trained_weights_of_a_full_batch_run(fitted, tmp_path):
-    root, trainer, module, initial = fitted
+    _, trainer, module, initial = fitted
     # Two ranks with batches of 4 average to the gradient of one batch of 8 in one process.
     reference = RankAwareModule()
     reference.load_state_dict(initial)
@@ -108,7 +108,7 @@ def test_every_rank_saved_and_only_rank_zero_wrote_files(fitted):
 
 
 def test_validate_gives_every_rank_the_same_results(fitted):
-    root, trainer, module, _ = fitted
+    _, trainer, module, _ = fitted
     (results,) = trainer.validate(module, make_loader(num_samples=16, batch_size=4))
     assert results["rank_synced"] == 0.5
     assert results["rank_local"] == 0.0  # rank 0's value, on every rank
