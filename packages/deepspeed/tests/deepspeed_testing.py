@@ -16,6 +16,7 @@ WORKER_ENV = {"DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}
 """Environment of the worker pools: DeepSpeed's CPU accelerator, chosen without probing."""
 
 PER_RANK_BATCH = 2
+STEPS_NVME = 3
 LEARNING_RATE = 1e-2
 
 
