@@ -38,7 +38,7 @@ class DemoModule(Module):
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         features, labels = batch
         loss = functional.cross_entropy(self(features), labels)
-        self.log("train_loss", loss, prog_bar=True)
+        self.log("train_loss", loss)  # the progress bar shows the loss already
         return loss
 
     def validation_step(self, batch: Any, batch_idx: int, *args: Any) -> None:

@@ -79,6 +79,9 @@ class FitLoop:
             if not self._run_epoch():
                 break
         trainer.throughput = Throughput(self.progress.global_step - start_step, time.perf_counter() - start_time)
+        if self.logs_steps and self.progress.global_step % self.settings.log_every_n_steps != 0:
+            # The last step's values are worth a row even between logging intervals.
+            self._log_step_metrics()
         module.on_train_end()
         hooks.call("on_train_end", trainer, module)
         module.on_fit_end()
@@ -275,7 +278,12 @@ class FitLoop:
         if self.step_schedulers:
             step_schedulers(self.step_schedulers, "step", progress.global_step, self.metrics.callback_metrics)
         if self.logs_steps and progress.global_step % settings.log_every_n_steps == 0:
-            self.trainer.log_to_loggers(self.metrics.step_metrics_for_logger())
+            self._log_step_metrics()
+
+    def _log_step_metrics(self) -> None:
+        metrics = self.metrics.step_metrics_for_logger()
+        if metrics:
+            self.trainer.log_to_loggers(metrics)
 
     def _validate(self) -> None:
         run_evaluation(self.trainer, self.module, self.val_loaders, "validation", self.settings.limit_val_batches)

@@ -1,0 +1,66 @@
+import argparse
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from stratagem.cli import demo
+from stratagem.demo import DemoModule, demo_dataloaders, make_classification
+
+EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "train.py"
+
+
+def _run_demo(*argv):
+    parser = argparse.ArgumentParser()
+    demo.add_arguments(parser)
+    return demo.run(parser.parse_args(list(argv)))
+
+
+def test_the_demo_trains_prints_its_result_and_saves_a_checkpoint(tmp_path, capsys):
+    assert _run_demo("--max-steps", "40", "--root-dir", str(tmp_path), "--precision", "bf16-mixed") == 0
+    output = capsys.readouterr().out
+    summary = output.strip().splitlines()[-1]
+    assert summary.startswith("done after 40 steps: train_loss ")
+    assert "steps/s" in summary
+    checkpoint = tmp_path / "checkpoints" / "epoch=0-step=40.ckpt"
+    assert f"checkpoint {checkpoint}" in summary
+    assert torch.load(checkpoint, weights_only=True)["loops"]["fit"]["global_step"] == 40
+    assert (tmp_path / "csv_logs" / "version_0" / "metrics.csv").is_file()
+
+
+def test_the_demo_resumes_from_its_last_checkpoint(tmp_path, capsys):
+    _run_demo("--max-steps", "20", "--root-dir", str(tmp_path), "--logger", "none")
+    assert _run_demo("--max-steps", "30", "--root-dir", str(tmp_path), "--ckpt-path", "last", "--logger", "none") == 0
+    assert capsys.readouterr().out.strip().splitlines()[-1].startswith("done after 30 steps")
+
+
+def test_a_bad_option_is_reported_without_a_traceback(tmp_path, capsys):
+    assert _run_demo("--precision", "8-true", "--root-dir", str(tmp_path)) == 2
+    assert "stratagem demo: precision='8-true' is not valid" in capsys.readouterr().err
+
+
+def test_the_synthetic_data_is_fixed_and_learnable():
+    first, second = make_classification(64), make_classification(64)
+    assert torch.equal(first.tensors[0], second.tensors[0])
+    assert set(first.tensors[1].tolist()) <= {0, 1, 2, 3}
+    train, val = demo_dataloaders(batch_size=32, num_samples=256)
+    assert (len(train.dataset), len(val.dataset)) == (224, 32)
+    module = DemoModule()
+    module.configure_model()
+    assert module(first.tensors[0]).shape == (64, 4)
+
+
+@pytest.mark.slow
+def test_the_example_script_runs_the_same_job(tmp_path):
+    completed = subprocess.run(
+        [sys.executable, str(EXAMPLE), "--max-steps", "20", "--root-dir", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert completed.returncode == 0, completed.stderr
+    assert "final train loss" in completed.stdout
+    assert (tmp_path / "checkpoints" / "epoch=0-step=20.ckpt").is_file()
