@@ -38,6 +38,19 @@ def test_csv_logger_rewrites_its_header_when_a_new_metric_appears(tmp_path):
     ]
 
 
+def test_a_logger_continuing_a_version_keeps_the_columns_already_written(tmp_path):
+    first = CSVLogger(tmp_path)
+    first.log_metrics({"train_loss": 1.0}, step=1)
+    first.finalize("success")
+    second = CSVLogger(tmp_path, version=first.version)
+    second.log_metrics({"val_loss": 2.0}, step=2)
+    second.finalize("success")
+    assert _rows(first.metrics_file) == [
+        {"step": "1", "train_loss": "1.0", "val_loss": ""},
+        {"step": "2", "train_loss": "", "val_loss": "2.0"},
+    ]
+
+
 def test_each_new_logger_takes_the_next_version_directory(tmp_path):
     first, second = CSVLogger(tmp_path), CSVLogger(tmp_path)
     first.log_metrics({"a": 1.0}, step=0)

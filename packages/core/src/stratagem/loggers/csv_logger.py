@@ -54,6 +54,10 @@ class CSVLogger(Logger):
             return
         path = self.metrics_file
         path.parent.mkdir(parents=True, exist_ok=True)
+        if not self._columns and path.exists():
+            # Another run (or process) wrote this version before: continue its file.
+            with path.open(newline="") as stream:
+                self._columns = list(csv.DictReader(stream).fieldnames or [])
         columns = list(self._columns) or ["step"]
         for row in self._pending:
             columns.extend(key for key in row if key not in columns)
