@@ -1,0 +1,95 @@
+"""Trainer-level runs, started by the tests as ``python fsdp_trainer_script.py ...``.
+
+The strategy's launcher re-runs this file for the other ranks, as it would a user's script.
+Rank 0 writes the weights the strategy holds at the end of training or validation (gathered
+live, independently of any checkpoint) to ``<root>/live_weights.pt``, and validation results
+to ``<root>/results.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from stratagem import Trainer
+from stratagem.callbacks.callback import Callback
+from stratagem.demo import DemoModule, demo_dataloaders
+from stratagem_fsdp import FSDPStrategy
+
+HIDDEN = 32
+
+
+class StopAfter(Callback):
+    """Stops fitting after ``steps`` optimizer steps, as an interrupted run would."""
+
+    def __init__(self, steps: int) -> None:
+        self.steps = steps
+
+    def on_train_batch_end(self, trainer: Trainer, module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        if trainer.global_step >= self.steps:
+            trainer.should_stop = True
+
+
+class SaveLiveWeights(Callback):
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def on_train_end(self, trainer: Trainer, module: Any) -> None:
+        self._save(trainer)
+
+    def on_validation_end(self, trainer: Trainer, module: Any) -> None:
+        if trainer.stage == "validate":
+            self._save(trainer)
+
+    def _save(self, trainer: Trainer) -> None:
+        weights = trainer.strategy.module_full_state_dict()
+        if trainer.is_global_zero:
+            torch.save(weights, self.path)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--strategy", default="fsdp")
+    parser.add_argument("--state-dict-type", default=None, help="with --strategy fsdp: 'sharded' or 'full'")
+    parser.add_argument("--devices", type=int, default=2)
+    parser.add_argument("--validate", action="store_true", help="validate --ckpt-path instead of fitting")
+    parser.add_argument("--root", type=Path, required=True)
+    parser.add_argument("--max-steps", type=int, default=12)
+    parser.add_argument("--stop-after", type=int, default=None)
+    parser.add_argument("--ckpt-path", default=None)
+    args = parser.parse_args()
+    args.root.mkdir(parents=True, exist_ok=True)
+
+    strategy: Any = args.strategy
+    if args.state_dict_type is not None:
+        strategy = FSDPStrategy(state_dict_type=args.state_dict_type)
+    callbacks: list[Callback] = [SaveLiveWeights(args.root / "live_weights.pt")]
+    if args.stop_after is not None:
+        callbacks.append(StopAfter(args.stop_after))
+    trainer = Trainer(
+        strategy=strategy,
+        accelerator="cpu",
+        devices=args.devices,
+        max_steps=args.max_steps,
+        default_root_dir=args.root,
+        callbacks=callbacks,
+        logger=False,
+        enable_progress_bar=False,
+        num_sanity_val_steps=0,
+        seed=0,
+    )
+    train_loader, val_loader = demo_dataloaders(batch_size=16, num_samples=512)
+    if args.validate:
+        results = trainer.validate(DemoModule(hidden=HIDDEN), val_loader, ckpt_path=args.ckpt_path)
+        if trainer.is_global_zero:
+            (args.root / "results.json").write_text(json.dumps(results))
+    else:
+        trainer.fit(DemoModule(hidden=HIDDEN), train_loader, val_loader, ckpt_path=args.ckpt_path)
+
+
+if __name__ == "__main__":
+    main()
