@@ -398,7 +398,7 @@ def test_the_loop_drives_the_strategy_in_the_documented_order(tmp_path):
     quiet_trainer(tmp_path, strategy=Ordered(), max_steps=1).fit(Module(), make_loader())
     assert order == [
         "setup_environment",
-        "module_init_context empty_init=False",
+        "module_init_context empty_init=None",
         "configure_model",
         "setup_module",
         "configure_optimizers",

@@ -169,6 +169,9 @@ class Strategy(ABC):
         """Context in which modules are created directly on the target device and dtype.
 
         ``empty_init=True`` skips parameter initialisation, for weights that will be loaded.
+        ``None`` lets the strategy choose how initialised weights are made (a sharded strategy
+        may build on the meta device and initialise each rank's shards in :meth:`setup_module`);
+        ``False`` asks for ordinary creation.
         """
         with contextlib.ExitStack() as stack:
             if empty_init:

@@ -359,7 +359,9 @@ class Trainer:
                 torch.use_deterministic_algorithms(True)
             if self.settings.seed is not None:
                 seed_everything(self.settings.seed)
-            with strategy.module_init_context(empty_init=checkpoint is not None):
+            # Without a checkpoint the strategy decides how to create initialised weights (None, not False):
+            # sharded strategies build on the meta device and initialise each rank's shards.
+            with strategy.module_init_context(empty_init=True if checkpoint is not None else None):
                 module.configure_model()
             strategy.setup_module(module)
             if stage == "fit":
