@@ -134,6 +134,26 @@ def test_checkpoint_loads_into_single_device_through_its_ordinary_load(saved):
     assert continued == pytest.approx(original["continued"], rel=1e-5)
 
 
+def _resume_under_ddp(path):
+    strategy = stratagem.resolve(strategy="ddp", accelerator="cpu", devices=2)
+    strategy.setup_environment()
+    torch.manual_seed(99)
+    strategy.setup_module(Net())
+    module = strategy.module
+    [optimizer] = strategy.setup_optimizers([torch.optim.AdamW(module.parameters(), lr=LEARNING_RATE)])
+    remaining = strategy.load_checkpoint(path, {"module": module, "optimizers": [optimizer]})
+    weights = {key: value.clone() for key, value in module.state_dict().items()}
+    return {"remaining": remaining, "weights": weights, "continued": train(strategy, optimizer, AFTER)}
+
+
+def test_checkpoint_loads_into_ddp_through_its_ordinary_load(saved, workers):
+    _, path, original = saved
+    for resumed in workers.run(_resume_under_ddp, str(path)):
+        assert resumed["remaining"] == PLAIN_ENTRIES
+        _assert_same_weights(resumed["weights"], original["weights"])
+        assert resumed["continued"] == pytest.approx(original["continued"], rel=1e-5)
+
+
 def test_read_full_checkpoint_gives_the_plain_layout_without_a_process_group(saved):
     _, path, original = saved
     checkpoint = read_full_checkpoint(path, TorchCheckpointIO())
