@@ -6,7 +6,9 @@ Each workload trains the same model on the same data with the same optimizer, in
 alternate the order of the contenders (raw, trainer, lightning / lightning, trainer, raw, ...),
 after one warm-up round that is not counted. Steps/s are measured over the training loop only
 (from the first batch to the last optimizer step; process start, model creation and setup are
-outside). The ratio is the median over rounds of trainer/raw steps/s within a round.
+outside), by the wall clock and by this process's CPU time. The ratio is the median over
+rounds of trainer/raw within a round. The target is judged on wall-clock steps/s; the CPU-time
+ratio is printed beside it because it is far less disturbed by other jobs on a shared machine.
 
 The Trainer runs as a user would run it for speed: no progress bar, no logger, no checkpoints;
 ``training_step`` logs its loss with ``self.log`` as typical code does. Numbers on a machine
@@ -17,10 +19,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import statistics
 import sys
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -31,6 +35,7 @@ from torch.nn import functional
 from torch.utils.data import DataLoader, TensorDataset
 
 import stratagem
+import stratagem.callbacks
 
 
 @dataclass(frozen=True)
@@ -79,7 +84,7 @@ WORKLOADS = {
         _Encoder,
         _transformer_data,
         16,
-        12,
+        8,
         0.97,
     ),
 }
@@ -93,17 +98,31 @@ def _optimizer(parameters: Any) -> torch.optim.Optimizer:
     return torch.optim.Adam(parameters, lr=1e-3)
 
 
-# -- contenders: each returns steps/s of its training loop ------------------------------------
+# -- contenders: each returns the steps/s of its training loop (wall clock, CPU time) ---------
 
 
-def run_raw(workload: Workload, data: TensorDataset) -> float:
+class Stopwatch:
+    """Wall-clock and CPU time between start() and stop()."""
+
+    def start(self) -> None:
+        self._wall, self._cpu = time.perf_counter(), time.process_time()
+
+    def stop(self) -> None:
+        self.wall, self.cpu = time.perf_counter() - self._wall, time.process_time() - self._cpu
+
+    def rates(self, steps: int) -> tuple[float, float]:
+        return steps / self.wall, steps / self.cpu
+
+
+def run_raw(workload: Workload, data: TensorDataset) -> tuple[float, float]:
     torch.manual_seed(0)
     model = workload.make_model()
     optimizer = _optimizer(model.parameters())
     loader = _loader(workload, data)
     model.train()
     steps = 0
-    start = time.perf_counter()
+    stopwatch = Stopwatch()
+    stopwatch.start()
     while steps < workload.steps:
         for features, labels in loader:
             loss = functional.cross_entropy(model(features), labels)
@@ -113,7 +132,8 @@ def run_raw(workload: Workload, data: TensorDataset) -> float:
             steps += 1
             if steps == workload.steps:
                 break
-    return steps / (time.perf_counter() - start)
+    stopwatch.stop()
+    return stopwatch.rates(steps)
 
 
 class _BenchModule(stratagem.Module):
@@ -131,9 +151,23 @@ class _BenchModule(stratagem.Module):
         return _optimizer(self.parameters())
 
 
-def run_trainer(workload: Workload, data: TensorDataset) -> float:
+class _StopwatchCallback(stratagem.callbacks.Callback):
+    """Times the training loop only; it has no per-batch hook, so it adds nothing per step."""
+
+    def __init__(self) -> None:
+        self.stopwatch = Stopwatch()
+
+    def on_train_start(self, trainer: Any, module: Any) -> None:
+        self.stopwatch.start()
+
+    def on_train_end(self, trainer: Any, module: Any) -> None:
+        self.stopwatch.stop()
+
+
+def run_trainer(workload: Workload, data: TensorDataset) -> tuple[float, float]:
     torch.manual_seed(0)
     module = _BenchModule(workload.make_model())
+    timer = _StopwatchCallback()
     trainer = stratagem.Trainer(
         accelerator="cpu",
         devices=1,
@@ -142,21 +176,30 @@ def run_trainer(workload: Workload, data: TensorDataset) -> float:
         enable_checkpointing=False,
         logger=False,
         num_sanity_val_steps=0,
+        callbacks=[timer],
     )
     trainer.fit(module, _loader(workload, data))
-    return trainer.throughput.steps_per_second
+    return timer.stopwatch.rates(trainer.global_step)
 
 
 def _lightning() -> Any:
     for name in ("lightning.pytorch", "pytorch_lightning"):
         try:
-            return __import__(name, fromlist=["Trainer"])
+            module = __import__(name, fromlist=["Trainer"])
         except ImportError:
             continue
+        logging.getLogger(name).setLevel(logging.ERROR)
+        return module
     return None
 
 
-def run_lightning(workload: Workload, data: TensorDataset) -> float:
+def run_lightning(workload: Workload, data: TensorDataset) -> tuple[float, float]:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return _run_lightning(workload, data)
+
+
+def _run_lightning(workload: Workload, data: TensorDataset) -> tuple[float, float]:
     pl = _lightning()
 
     class LightningBenchModule(pl.LightningModule):
@@ -174,11 +217,14 @@ def run_lightning(workload: Workload, data: TensorDataset) -> float:
             return _optimizer(self.parameters())
 
     class Timer(pl.Callback):
+        def __init__(self) -> None:
+            self.stopwatch = Stopwatch()
+
         def on_train_start(self, trainer: Any, module: Any) -> None:
-            self.start = time.perf_counter()
+            self.stopwatch.start()
 
         def on_train_end(self, trainer: Any, module: Any) -> None:
-            self.seconds = time.perf_counter() - self.start
+            self.stopwatch.stop()
 
     torch.manual_seed(0)
     timer = Timer()
@@ -194,7 +240,7 @@ def run_lightning(workload: Workload, data: TensorDataset) -> float:
         callbacks=[timer],
     )
     trainer.fit(LightningBenchModule(workload.make_model()), _loader(workload, data))
-    return workload.steps / timer.seconds
+    return timer.stopwatch.rates(trainer.global_step)
 
 
 # -- measuring ----------------------------------------------------------------------------------
@@ -202,39 +248,52 @@ def run_lightning(workload: Workload, data: TensorDataset) -> float:
 
 def measure(workload: Workload, rounds: int, with_lightning: bool) -> dict[str, Any]:
     data = workload.make_data()
-    contenders: dict[str, Callable[[Workload, TensorDataset], float]] = {"raw": run_raw, "trainer": run_trainer}
+    contenders: dict[str, Callable[[Workload, TensorDataset], tuple[float, float]]] = {
+        "raw": run_raw,
+        "trainer": run_trainer,
+    }
     if with_lightning:
         contenders["lightning"] = run_lightning
     names = list(contenders)
     for name in names:
         contenders[name](workload, data)  # warm-up: first-call costs (allocator, lazy imports) are not overhead
-    samples: dict[str, list[float]] = {name: [] for name in names}
+    wall: dict[str, list[float]] = {name: [] for name in names}
+    cpu: dict[str, list[float]] = {name: [] for name in names}
     for index in range(rounds):
         order = names if index % 2 == 0 else names[::-1]
         for name in order:
-            samples[name].append(contenders[name](workload, data))
-    ratios = {
-        name: statistics.median(value / raw for value, raw in zip(samples[name], samples["raw"]))
-        for name in names
-        if name != "raw"
-    }
+            wall_rate, cpu_rate = contenders[name](workload, data)
+            wall[name].append(wall_rate)
+            cpu[name].append(cpu_rate)
+
+    def ratios(samples: dict[str, list[float]]) -> dict[str, float]:
+        return {
+            name: statistics.median(value / raw for value, raw in zip(samples[name], samples["raw"]))
+            for name in names
+            if name != "raw"
+        }
+
+    wall_ratios = ratios(wall)
     return {
         "workload": workload.name,
         "description": workload.description,
         "steps_per_round": workload.steps,
         "rounds": rounds,
-        "steps_per_second": {name: statistics.median(values) for name, values in samples.items()},
-        "samples": samples,
-        "ratio_to_raw": ratios,
+        "steps_per_second": {name: statistics.median(values) for name, values in wall.items()},
+        "steps_per_cpu_second": {name: statistics.median(values) for name, values in cpu.items()},
+        "samples_wall": wall,
+        "samples_cpu": cpu,
+        "ratio_to_raw": wall_ratios,
+        "ratio_to_raw_cpu_time": ratios(cpu),
         "target": workload.target,
-        "meets_target": ratios["trainer"] >= workload.target,
+        "meets_target": wall_ratios["trainer"] >= workload.target,
     }
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="run.py trainer", description=__doc__.split("\n\n")[0])
     parser.add_argument("--workload", choices=[*WORKLOADS, "all"], default="all")
-    parser.add_argument("--rounds", type=int, default=5, help="measured rounds per workload (default: 5)")
+    parser.add_argument("--rounds", type=int, default=7, help="measured rounds per workload (default: 7)")
     parser.add_argument("--steps", type=int, default=None, help="steps per round (default: per workload)")
     parser.add_argument("--no-lightning", action="store_true", help="skip Lightning even when it is installed")
     parser.add_argument("--json", default=None, help="also write the results to this file")
@@ -256,8 +315,14 @@ def main(argv: list[str] | None = None) -> int:
         rates = result["steps_per_second"]
         columns = "  ".join(f"{contender} {rate:8.1f} steps/s" for contender, rate in rates.items())
         ratios = "  ".join(f"{contender}/raw {ratio:.3f}" for contender, ratio in result["ratio_to_raw"].items())
+        cpu_ratios = "  ".join(
+            f"{contender}/raw {ratio:.3f}" for contender, ratio in result["ratio_to_raw_cpu_time"].items()
+        )
         verdict = "meets" if result["meets_target"] else "MISSES"
-        print(f"{workload.description}\n  {columns}\n  {ratios}  ({verdict} target {workload.target:.2f})")
+        print(
+            f"{workload.description}\n  {columns}\n  wall clock: {ratios}  ({verdict} target {workload.target:.2f})"
+            f"\n  CPU time:   {cpu_ratios}"
+        )
     if args.json:
         with open(args.json, "w") as stream:
             json.dump(results, stream, indent=2)
