@@ -30,9 +30,10 @@ class _ScriptedMetric(ClassifierModule):
             self.log("score", self.scores.pop(0))
 
 
-def _fit(root, callback, module=None, **options):
+def _fit(root, callback, module=None, ckpt_path=None, **options):
     trainer = quiet_trainer(root, enable_checkpointing=True, callbacks=[callback], **options)
-    trainer.fit(module or ClassifierModule(), make_loader(num_samples=32, batch_size=8), make_loader(num_samples=8))
+    train, val = make_loader(num_samples=32, batch_size=8), make_loader(num_samples=8)
+    trainer.fit(module or ClassifierModule(), train, val, ckpt_path=ckpt_path)
     return trainer
 
 
@@ -61,6 +62,16 @@ def test_top_k_keeps_the_best_checkpoints_by_the_monitored_metric(tmp_path, mode
     assert sorted(callback.best_k_models.values()) == pytest.approx(sorted(kept))
     assert callback.best_model_score == pytest.approx(best)
     assert Path(callback.best_model_path).name == f"epoch={epochs[best]}-score={best:.1f}.ckpt"
+
+
+def test_a_resumed_run_keeps_managing_the_checkpoints_of_the_first_one(tmp_path):
+    _fit(tmp_path, ModelCheckpoint(every_n_train_steps=3), max_steps=6)
+    assert _names(tmp_path / "checkpoints") == ["epoch=1-step=6.ckpt"]
+    saved = torch.load(tmp_path / "checkpoints" / "epoch=1-step=6.ckpt", weights_only=True)
+    (state,) = saved["callbacks"].values()
+    assert state["best_model_path"].endswith("epoch=1-step=6.ckpt")
+    _fit(tmp_path, ModelCheckpoint(every_n_train_steps=3), max_steps=9, ckpt_path="last")
+    assert _names(tmp_path / "checkpoints") == ["epoch=2-step=9.ckpt"]
 
 
 def test_a_metric_that_was_never_logged_saves_nothing_and_warns(tmp_path):

@@ -127,12 +127,16 @@ class ModelCheckpoint(Callback):
         plan = trainer.strategy.broadcast(plan)
         if plan is None:
             return
+        # Bookkeeping first, so that the checkpoint being written already knows it is in the
+        # top k (a run resumed from it then manages it like the others); files of checkpoints
+        # that drop out are deleted only once the new one is safely written.
         self._last_saved_step = trainer.global_step
-        if plan.path is not None:
-            trainer.save_checkpoint(plan.path)
-            self._record(plan.path, plan.score)
         for path in plan.remove:
             self.best_k_models.pop(path, None)
+        if plan.path is not None:
+            self._record(plan.path, plan.score)
+            trainer.save_checkpoint(plan.path)
+        for path in plan.remove:
             if path != plan.path:
                 trainer.strategy.remove_checkpoint(path)
         if plan.last is not None:
@@ -181,6 +185,7 @@ class ModelCheckpoint(Callback):
 
     def _save_last(self, trainer: Trainer, last: str, linked_to: str | None) -> None:
         target = Path(last)
+        self.last_model_path = str(target)
         if self.save_last == "link" and linked_to is not None:
             if trainer.is_global_zero:
                 temporary = target.with_name(f".{target.name}.link")
@@ -194,7 +199,6 @@ class ModelCheckpoint(Callback):
             elif target.is_symlink() and trainer.is_global_zero:
                 target.unlink()
             trainer.save_checkpoint(target)
-        self.last_model_path = str(target)
 
     def _format_name(self, trainer: Trainer) -> str:
         values: dict[str, Any] = {"epoch": trainer.current_epoch, "step": trainer.global_step}
