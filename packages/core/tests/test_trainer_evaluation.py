@@ -1,3 +1,5 @@
+import csv
+
 import pytest
 import torch
 from torch.nn import functional
@@ -5,6 +7,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from trainer_testing import ClassifierModule, make_loader, quiet_trainer
 
 import stratagem
+from stratagem.callbacks import Callback
 
 
 class _Constant(stratagem.Module):
@@ -86,6 +89,37 @@ def test_step_values_and_epoch_values_of_one_metric_get_their_own_names(tmp_path
     assert {"loss_step", "loss_epoch", "batch_idx"} <= set(trainer.callback_metrics)
     assert float(trainer.callback_metrics["batch_idx"]) == 3.0
     assert set(trainer.progress_bar_metrics) == {"loss", "loss_step", "loss_epoch"}
+
+
+def test_values_logged_at_the_end_of_a_training_epoch_count_at_once_for_callbacks_and_loggers(tmp_path):
+    seen = []
+
+    class EpochEnd(ClassifierModule):
+        def training_step(self, batch, batch_idx):
+            loss = super().training_step(batch, batch_idx)
+            self.log("mean_loss", loss, on_step=False, on_epoch=True)
+            return loss
+
+        def on_train_epoch_end(self):
+            seen.append(float(self.trainer.callback_metrics["mean_loss"]))
+            self.log("epoch_number", float(self.trainer.current_epoch))
+
+    class Reader(Callback):
+        def on_train_epoch_end(self, trainer, module):
+            self_logged = float(trainer.callback_metrics["epoch_number"])
+            seen.append(self_logged)
+            module.log("from_callback", self_logged + 10)
+
+    trainer = quiet_trainer(tmp_path, max_epochs=2, logger="csv", callbacks=[Reader()])
+    trainer.fit(EpochEnd(), make_loader(num_samples=16))
+    assert seen[1::2] == [0.0, 1.0]
+    assert float(trainer.callback_metrics["from_callback"]) == 11.0
+    with open(trainer.logger.metrics_file) as stream:
+        rows = list(csv.DictReader(stream))
+    assert [(row["epoch_number"], row["from_callback"]) for row in rows if row["epoch_number"]] == [
+        ("0.0", "10.0"),
+        ("1.0", "11.0"),
+    ]
 
 
 def test_predict_returns_each_batchs_output_in_order(tmp_path):

@@ -132,10 +132,10 @@ class FitLoop:
         skip = progress.batches_in_epoch
         batches = self._epoch_batches(skip)
         self._plan_validation(progress.epoch)
+        self.metrics.stage = "train_step"
         module.on_train_epoch_start()
         trainer._hooks.call("on_train_epoch_start", trainer, module)
         self._window_has_grad = False
-        self.metrics.stage = "train_step"
         finished = True
         for batch_idx, batch in enumerate(batches, start=skip):
             self._train_batch(batch, batch_idx)
@@ -205,15 +205,16 @@ class FitLoop:
             # Data without a length ended in the middle of an accumulation window.
             self._optimizer_step()
         progress.epoch_finished = True
+        logged = self.metrics.finish_epoch("train")
         if self._validate_this_epoch and self._validation_interval is None:
             self._validate()
         step_schedulers(trainer.lr_scheduler_configs, "epoch", progress.epoch + 1, self.metrics.callback_metrics)
         self.metrics.stage = "train_epoch"
         module.on_train_epoch_end()
-        logged = self.metrics.finish_epoch("train")
+        trainer._hooks.call("on_train_epoch_end", trainer, module)
+        logged.update(self.metrics.take_epoch_end_values())
         if logged:
             trainer.log_to_loggers(logged)
-        trainer._hooks.call("on_train_epoch_end", trainer, module)
         self.metrics.stage = "train_step"
         progress.start_next_epoch_if_finished()
 

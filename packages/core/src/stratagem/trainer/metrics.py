@@ -85,6 +85,7 @@ class LoggedMetrics:
         # Training and evaluation aggregate separately: a validation pass in the middle of a
         # training epoch must not consume the training epoch's values.
         self._epoch: dict[EpochGroup, dict[str, _EpochAggregate]] = {"train": {}, "evaluation": {}}
+        self._epoch_end_values: dict[str, torch.Tensor] = {}
 
     def log(
         self,
@@ -111,10 +112,17 @@ class LoggedMetrics:
             on_step = stage == "train_step"
         if on_epoch is None:
             on_epoch = stage != "train_step"
-        if stage == "train_epoch":
-            on_step = False
         tensor = _as_tensor(value, name)
         name = name + self.suffix
+        if stage == "train_epoch":
+            # At the end of an epoch there is nothing left to aggregate over: the value counts now.
+            epoch_value = self._strategy.reduce(tensor, op=fx) if sync_dist else tensor
+            self.callback_metrics[name] = epoch_value
+            if prog_bar:
+                self.prog_bar_keys[name] = None
+            if logger:
+                self._epoch_end_values[name] = epoch_value
+            return
         if on_step:
             step_value = self._strategy.reduce(tensor, op=fx) if sync_dist else tensor
             key = f"{name}_step" if on_epoch else name
@@ -148,6 +156,11 @@ class LoggedMetrics:
                 for_logger[key] = float(value)
         self._epoch[group] = {}
         return for_logger
+
+    def take_epoch_end_values(self) -> dict[str, float]:
+        """Values logged in training-epoch-end hooks since the last call, meant for loggers."""
+        values, self._epoch_end_values = self._epoch_end_values, {}
+        return {key: float(value) for key, value in values.items()}
 
     def step_metrics_for_logger(self) -> dict[str, float]:
         """The latest step values meant for loggers, as floats (one device sync per call)."""

@@ -28,10 +28,6 @@ class TrainerSettings:
     seed: int | None
     use_distributed_sampler: bool
 
-    @property
-    def unlimited_epochs(self) -> bool:
-        return self.max_epochs == -1
-
 
 DEFAULT_MAX_EPOCHS = 1000
 """Used when neither ``max_epochs`` nor ``max_steps`` is given, as users of this kind of library expect."""

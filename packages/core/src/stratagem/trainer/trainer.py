@@ -282,7 +282,11 @@ class Trainer:
         """
         module = self._module
         if module is None:
-            raise RuntimeError("Trainer.save_checkpoint() needs a module: call it during or after fit/validate/test.")
+            raise RuntimeError(
+                "Trainer.save_checkpoint() needs a module and its optimizers: call it during or after fit/validate/"
+                "test, in a process that ran them (with a strategy that spawns workers, save from a hook or "
+                "callback, or let ModelCheckpoint do it)."
+            )
         checkpoint = build_checkpoint(self, module)
         module.on_save_checkpoint(checkpoint)
         self._hooks.call("on_save_checkpoint", self, module, checkpoint)
