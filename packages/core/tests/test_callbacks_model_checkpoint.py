@@ -7,6 +7,7 @@ import torch
 from trainer_testing import ClassifierModule, make_loader, quiet_trainer
 
 from stratagem.callbacks import ModelCheckpoint
+from stratagem.callbacks.model_checkpoint import find_last_checkpoint
 from stratagem.checkpoint_io import PathLike
 from stratagem.strategies import SingleDeviceStrategy
 
@@ -99,6 +100,14 @@ def test_save_last_as_link_points_at_the_newest_checkpoint(tmp_path):
     assert last.is_symlink()
     assert os.readlink(last) == "epoch=0-step=4.ckpt"
     assert torch.load(last, weights_only=True)["loops"]["fit"]["global_step"] == 4
+
+
+def test_finding_the_last_checkpoint_skips_temporary_files_and_dangling_links(tmp_path):
+    (tmp_path / "epoch=0-step=2.ckpt").write_bytes(b"x")
+    (tmp_path / ".last.ckpt.abc.tmp").write_bytes(b"partial")
+    (tmp_path / "last.ckpt").symlink_to("epoch=9-step=99.ckpt")
+    assert find_last_checkpoint(tmp_path) == tmp_path / "epoch=0-step=2.ckpt"
+    assert find_last_checkpoint(tmp_path / "missing") is None
 
 
 def test_settings_that_cannot_work_are_refused():

@@ -262,6 +262,6 @@ def find_last_checkpoint(dirpath: Path) -> Path | None:
     candidates = [
         entry
         for entry in dirpath.iterdir()
-        if entry.name.endswith(CHECKPOINT_SUFFIX) and not entry.name.startswith(".")
+        if entry.name.endswith(CHECKPOINT_SUFFIX) and not entry.name.startswith(".") and entry.exists()
     ]
     return max(candidates, key=lambda entry: entry.stat().st_mtime_ns, default=None)
