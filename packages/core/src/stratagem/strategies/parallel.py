@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 from abc import ABC
 from collections.abc import Iterator
@@ -17,6 +18,12 @@ from stratagem.precision import Precision
 from stratagem.strategies.strategy import ReduceOp, Strategy
 
 DEFAULT_TIMEOUT = timedelta(minutes=30)
+
+# Ranks that outlive one run (a re-run script, torchrun) join the next run's group through the
+# same store, which still holds the keys of the last rendezvous; reading those, a rank dialled
+# its peer's closed port and the run hung. Every rank counts its rendezvous in the same order,
+# so the count gives each one fresh keys.
+_rendezvous_count = itertools.count()
 
 _REDUCE_OPS = {
     "sum": dist.ReduceOp.SUM,
@@ -126,11 +133,14 @@ class ParallelStrategy(Strategy, ABC):
         environment = self._environment
         os.environ["MASTER_ADDR"] = environment.main_address
         os.environ["MASTER_PORT"] = str(environment.main_port)
+        rank, world_size = environment.global_rank(), environment.world_size()
         try:
+            store, _, _ = next(dist.rendezvous("env://", rank, world_size, timeout=self.timeout))
             dist.init_process_group(
                 self.process_group_backend,
-                rank=environment.global_rank(),
-                world_size=environment.world_size(),
+                store=dist.PrefixStore(f"stratagem/rendezvous_{next(_rendezvous_count)}", store),
+                rank=rank,
+                world_size=world_size,
                 timeout=self.timeout,
             )
         except dist.DistNetworkError as error:
