@@ -57,6 +57,7 @@ def main() -> None:
     parser.add_argument("--state-dict-type", default=None, help="with --strategy fsdp: 'sharded' or 'full'")
     parser.add_argument("--devices", type=int, default=2)
     parser.add_argument("--validate", action="store_true", help="validate --ckpt-path instead of fitting")
+    parser.add_argument("--validate-after-fit", action="store_true", help="fit, then validate the same module")
     parser.add_argument("--root", type=Path, required=True)
     parser.add_argument("--max-steps", type=int, default=12)
     parser.add_argument("--stop-after", type=int, default=None)
@@ -83,12 +84,13 @@ def main() -> None:
         seed=0,
     )
     train_loader, val_loader = demo_dataloaders(batch_size=16, num_samples=512)
-    if args.validate:
-        results = trainer.validate(DemoModule(hidden=HIDDEN), val_loader, ckpt_path=args.ckpt_path)
+    module = DemoModule(hidden=HIDDEN)
+    if not args.validate:
+        trainer.fit(module, train_loader, val_loader, ckpt_path=args.ckpt_path)
+    if args.validate or args.validate_after_fit:
+        results = trainer.validate(module, val_loader, ckpt_path=args.ckpt_path if args.validate else None)
         if trainer.is_global_zero:
             (args.root / "results.json").write_text(json.dumps(results))
-    else:
-        trainer.fit(DemoModule(hidden=HIDDEN), train_loader, val_loader, ckpt_path=args.ckpt_path)
 
 
 if __name__ == "__main__":

@@ -110,6 +110,12 @@ def test_the_fsdp_checkpoint_validates_under_ddp_with_identical_weights(fsdp_run
     assert json.loads((root / "results.json").read_text())[0].keys() == {"val_loss", "val_acc"}
 
 
+def test_a_module_fitted_under_fsdp_validates_in_the_same_script_with_its_trained_shards(fsdp_run, tmp_path):
+    root = run_script(tmp_path / "again", "--max-steps", str(STEPS), "--validate-after-fit")
+    assert_identical(live_weights(root), live_weights(fsdp_run))
+    assert json.loads((root / "results.json").read_text())[0].keys() == {"val_loss", "val_acc"}
+
+
 def test_the_fsdp_checkpoint_evaluates_under_single_device_with_identical_weights(fsdp_run):
     trainer = Trainer(strategy="single_device", accelerator="cpu", devices=1, logger=False, enable_progress_bar=False)
     module = DemoModule(hidden=HIDDEN)
