@@ -176,6 +176,19 @@ def test_consolidate_writes_one_file_that_plain_torch_load_reads(saved, tmp_path
     assert checkpoint["loops"] == PLAIN_ENTRIES["loops"]
 
 
+def test_consolidate_replaces_an_existing_file_only_when_asked(saved, tmp_path):
+    _, path, _ = saved
+    parser = argparse.ArgumentParser()
+    consolidate.add_arguments(parser)
+    destination = tmp_path / "taken.pt"
+    destination.write_bytes(b"keep me")
+    with pytest.raises(ValueError, match="exists; pass --overwrite"):
+        consolidate.run(parser.parse_args([str(path), str(destination)]))
+    assert destination.read_bytes() == b"keep me"
+    assert consolidate.run(parser.parse_args([str(path), str(destination), "--overwrite"])) == 0
+    assert torch.load(destination, weights_only=True)["note"] == PLAIN_ENTRIES["note"]
+
+
 def _save_single_device_checkpoint(path):
     strategy = stratagem.resolve(strategy="single_device", accelerator="cpu", devices=1)
     torch.manual_seed(0)
