@@ -95,6 +95,16 @@ def test_a_hybrid_mesh_that_does_not_cover_the_processes_is_refused_at_resolve()
         stratagem.resolve(strategy=strategy, accelerator="cpu", devices=2)
 
 
+def test_a_full_state_dict_with_the_sharded_checkpoint_io_plugin_is_refused_at_resolve():
+    with pytest.raises(ValueError, match="state_dict_type='full' writes one file from rank 0"):
+        stratagem.resolve(
+            strategy=FSDPStrategy(state_dict_type="full"),
+            accelerator="cpu",
+            devices=2,
+            plugins="distributed_checkpoint",
+        )
+
+
 def test_torch_sharding_strategy_members_and_any_case_are_accepted():
     assert FSDPStrategy(sharding_strategy=ShardingStrategy.SHARD_GRAD_OP).sharding_strategy == "SHARD_GRAD_OP"
     assert FSDPStrategy(sharding_strategy="hybrid_shard").sharding_strategy == "HYBRID_SHARD"

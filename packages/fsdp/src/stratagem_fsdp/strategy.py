@@ -143,6 +143,12 @@ class FSDPStrategy(ParallelStrategy):
             self.sharding_strategy, self.num_processes * self.num_nodes, self.num_nodes, self._device_mesh_shape
         )
         self._offload_policy = offload_policy(self.cpu_offload, self.accelerator.device_type)
+        if self.state_dict_type == "full" and isinstance(self._checkpoint_io, DistributedCheckpointIO):
+            raise ValueError(
+                "state_dict_type='full' writes one file from rank 0, but the checkpoint IO plugin "
+                "DistributedCheckpointIO writes sharded directories from every rank; use state_dict_type='sharded' "
+                "or another checkpoint IO."
+            )
 
     @property
     def launcher(self) -> Launcher:
