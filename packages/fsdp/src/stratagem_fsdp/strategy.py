@@ -196,11 +196,11 @@ class FSDPStrategy(ParallelStrategy):
     def module_init_context(self, empty_init: bool | None = None) -> Iterator[None]:
         # Unless asked not to, build on the meta device: no memory, no initialisation until setup_module
         # has sharded the module and materialises each rank's shards.
+        self._weights_will_be_loaded = bool(empty_init)
         if empty_init is False:
             with super().module_init_context(empty_init):
                 yield
             return
-        self._weights_will_be_loaded = bool(empty_init)
         with torch.device("meta"), self.precision.module_init_context():
             yield
 
@@ -244,6 +244,7 @@ class FSDPStrategy(ParallelStrategy):
     def setup_optimizers(self, optimizers: list[Optimizer]) -> list[Optimizer]:
         optimizers = super().setup_optimizers(optimizers)
         for optimizer in optimizers:
+            # Sharding replaced the parameters: an optimizer made before setup would step stale copies.
             parameter_names(self.module, optimizer)
         return optimizers
 
