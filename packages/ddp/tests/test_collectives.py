@@ -159,7 +159,8 @@ def _ranks_agree(results, step):
 
 def test_power_sgd_with_one_bucket_trains_in_step_on_gloo(workers):
     state = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=1, start_powerSGD_iter=2)
-    results = workers.run(_train, 5, ddp_comm_hook=powerSGD_hook.powerSGD_hook, ddp_comm_state=state, bucket_cap_mb=1000)
+    options = {"ddp_comm_hook": powerSGD_hook.powerSGD_hook, "ddp_comm_state": state, "bucket_cap_mb": 1000}
+    results = workers.run(_train, 5, **options)
     assert all(_ranks_agree(results, step) for step in range(5))
 
 

@@ -30,9 +30,7 @@ def _one_rank_waits_at_a_barrier(strategy):
 
 
 def test_a_collective_stuck_past_the_timeout_ends_the_run_naming_the_collective():
-    strategy = stratagem.resolve(
-        strategy=DDPStrategy(start_method="spawn", timeout=3), accelerator="cpu", devices=2
-    )
+    strategy = stratagem.resolve(strategy=DDPStrategy(start_method="spawn", timeout=3), accelerator="cpu", devices=2)
     started = time.monotonic()
     with pytest.raises(RankFailedError) as caught:
         strategy.launcher.launch(_one_rank_waits_at_a_barrier, strategy)

@@ -21,7 +21,8 @@ DDP_NAMES = {
 
 def test_registered_names_are_exactly_the_first_party_catalogue():
     catalogue = next(package for package in PACKAGES if package.distribution == "stratagem-ddp")
-    ours = {name for name in registry.strategies.names() if registry.strategies.get(name).distribution == "stratagem-ddp"}
+    strategies = registry.strategies
+    ours = {name for name in strategies.names() if strategies.get(name).distribution == "stratagem-ddp"}
     assert ours == set(catalogue.names["strategy"])
 
 

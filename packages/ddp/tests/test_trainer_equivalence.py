@@ -116,9 +116,11 @@ def _free_port():
 
 def test_two_nodes_on_one_machine_train_together(reference, tmp_path):
     port = _free_port()
+    command = [sys.executable, str(JOB), "--strategy", "ddp", "--devices", "1", "--num-nodes", "2"]
+    command += ["--out", str(tmp_path)]
     nodes = [
         subprocess.Popen(
-            [sys.executable, str(JOB), "--strategy", "ddp", "--devices", "1", "--num-nodes", "2", "--out", str(tmp_path)],
+            command,
             env=_environment(NODE_RANK=str(node), MASTER_ADDR="127.0.0.1", MASTER_PORT=port),
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
