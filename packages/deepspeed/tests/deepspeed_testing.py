@@ -11,9 +11,13 @@ from torch import nn
 
 import stratagem
 from stratagem.strategies import LoopSettings, Strategy
+from stratagem.testing import DistributedWorkers
 
 WORKER_ENV = {"DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}
 """Environment of the worker pools: DeepSpeed's CPU accelerator, chosen without probing."""
+
+OP_BUILD_TIMEOUT = 540
+"""Seconds allowed to a call that may compile a DeepSpeed op from an empty cache on 2 busy cores."""
 
 PER_RANK_BATCH = 2
 STEPS_NVME = 3
@@ -71,6 +75,20 @@ def reference_run(steps: int, world_size: int = 2, start_step: int = 0) -> tuple
 
 
 # -- run in the workers ----------------------------------------------------------------------
+
+
+def join_deepspeed() -> None:
+    """Let DeepSpeed take over the pool's process group; the first time, this compiles its shm_comm op
+    (a minute or more from an empty TORCH_EXTENSIONS_DIR), so pools call it once with a long timeout."""
+    import deepspeed
+
+    deepspeed.init_distributed(dist_backend="gloo")
+
+
+def worker_pool() -> DistributedWorkers:
+    pool = DistributedWorkers(2, env=WORKER_ENV)
+    pool.run(join_deepspeed, timeout=OP_BUILD_TIMEOUT)
+    return pool
 
 
 def create_strategy(

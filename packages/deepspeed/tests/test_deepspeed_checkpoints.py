@@ -9,28 +9,27 @@ from pathlib import Path
 import pytest
 import torch
 from deepspeed_testing import (
-    WORKER_ENV,
     NotATensor,
     RegressionNet,
     load_and_train,
     reference_run,
     save_twice,
     train_and_save,
+    worker_pool,
 )
 
 import stratagem
 from stratagem.checkpoint_io import TorchCheckpointIO, read_full_checkpoint
-from stratagem.testing import DistributedWorkers
 from stratagem_deepspeed import DeepSpeedCheckpointIO, convert_zero_checkpoint_to_fp32_state_dict
 
-pytestmark = [pytest.mark.distributed, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.distributed, pytest.mark.timeout(600)]
 
 STEPS = 3
 
 
 @pytest.fixture(scope="module")
 def workers():
-    with DistributedWorkers(2, env=WORKER_ENV) as pool:
+    with worker_pool() as pool:
         yield pool
 
 

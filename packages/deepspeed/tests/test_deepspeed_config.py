@@ -188,3 +188,12 @@ def test_the_strategy_declares_that_its_engine_owns_accumulation_one_optimizer_a
     assert type(strategy).max_optimizers == 1
     assert strategy.checkpoint_is_directory is True
     assert strategy.distributed_sampler_kwargs == {"num_replicas": 2, "rank": 0}
+
+
+def test_an_nvme_path_that_cannot_be_created_is_refused_before_launch(tmp_path):
+    (tmp_path / "a_file").write_text("")
+    strategy = DeepSpeedStrategy(
+        stage=3, offload_parameters=True, offload_params_device="nvme", nvme_path=str(tmp_path / "a_file" / "swap")
+    )
+    with pytest.raises(ValueError, match=r"nvme_path='.*a_file/swap' is not writable"):
+        resolve(strategy)

@@ -16,23 +16,26 @@ from deepspeed_testing import WORKER_ENV
 from stratagem import Trainer
 from stratagem.demo import DemoModule, demo_dataloaders
 
-pytestmark = [pytest.mark.distributed, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.distributed, pytest.mark.timeout(600)]
 
 SCRIPT = Path(__file__).with_name("deepspeed_trainer_script.py")
 STAGE_3_STEPS = 12
 
 
 def run(*arguments: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    result = subprocess.run(
-        arguments,
-        cwd=cwd,
-        env={**os.environ, **WORKER_ENV},
-        capture_output=True,
-        text=True,
-        timeout=200,
-    )
-    assert result.returncode == 0, f"exit code {result.returncode}\n{result.stdout[-3000:]}\n{result.stderr[-6000:]}"
+    try:
+        result = subprocess.run(
+            arguments, cwd=cwd, env={**os.environ, **WORKER_ENV}, capture_output=True, text=True, timeout=240
+        )
+    except subprocess.TimeoutExpired as error:
+        pytest.fail(f"timed out after {error.timeout} s\n{_tail(error.stdout)}\n{_tail(error.stderr)}")
+    assert result.returncode == 0, f"exit code {result.returncode}\n{_tail(result.stdout)}\n{_tail(result.stderr)}"
     return result
+
+
+def _tail(output: str | bytes | None) -> str:
+    text = output.decode(errors="replace") if isinstance(output, bytes) else output or ""
+    return text[-6000:]
 
 
 def run_script(root: Path, *arguments: str) -> Path:

@@ -130,7 +130,6 @@ class DeepSpeedStrategy(ParallelStrategy):
         self.logging_level = logging_level
         self.save_full_weights = save_full_weights
         self.start_method = check_start_method(start_method)
-        self.micro_batch_size: int | None = None
         self._loop_settings_connected = False
         self._config: dict[str, Any] | None = None
         self._launcher: Launcher | None = None
@@ -160,10 +159,25 @@ class DeepSpeedStrategy(ParallelStrategy):
         self._reconcile()
         check_config_with_deepspeed(self.config)
         if "nvme" in offload_devices(self.config).values() or self.remote_device == "nvme":
+            self._check_nvme_path()
             problem = async_io_problem()
             if problem is not None:
                 raise RuntimeError(problem)
         self._launcher = create_launcher(self.start_method, self._environment, self.num_processes, self.num_nodes)
+
+    def _check_nvme_path(self) -> None:
+        zero = self.config.get("zero_optimization", {})
+        paths = {(zero.get(key) or {}).get("nvme_path") for key in ("offload_optimizer", "offload_param")}
+        for path in sorted(str(path) for path in paths if path):
+            existing = Path(path)
+            while not existing.exists() and existing != existing.parent:
+                existing = existing.parent
+            if not (existing.is_dir() and os.access(existing, os.W_OK)):
+                raise ValueError(
+                    f"nvme_path={path!r} is not writable here ({str(existing)!r} is the closest existing directory); "
+                    "DeepSpeed swaps tensors to files there. Pass nvme_path= a directory on a local NVMe drive that "
+                    "this user can write."
+                )
 
     def connect_loop_settings(self, settings: LoopSettings) -> None:
         super().connect_loop_settings(settings)
@@ -179,7 +193,8 @@ class DeepSpeedStrategy(ParallelStrategy):
             precision_name=self.precision.name,
             device_type=self.accelerator.device_type,
             loop_settings=self.loop_settings if self._loop_settings_connected else None,
-            micro_batch_size=self.micro_batch_size,
+            # The Trainer does not tell strategies its dataloader's batch size; the config's own stands.
+            micro_batch_size=None,
             world_size=self.num_processes * self.num_nodes,
         )
 
@@ -408,18 +423,18 @@ class DeepSpeedStrategy(ParallelStrategy):
         self, path: PathLike, state: dict[str, Any], strict: bool = True, weights_only: bool = True
     ) -> dict[str, Any]:
         directory = Path(path)
-        if self._resumable(directory):
+        if self._resumable(directory, weights_only):
             return self._resume(directory, state, strict, weights_only)
         return self._load_full_weights(directory, state, strict, weights_only)
 
-    def _resumable(self, directory: Path) -> bool:
+    def _resumable(self, directory: Path, weights_only: bool) -> bool:
         """Whether DeepSpeed's engine can load ``directory`` as it is: same layout, stage and world size."""
         if self._engine is None or not layout.is_deepspeed_checkpoint(directory):
             return False
         tag = layout.read_tag(directory)
         if tag is None:
             return False
-        metadata = read_state_file(directory).get(layout.METADATA_KEY, {})
+        metadata = read_state_file(directory, weights_only=weights_only).get(layout.METADATA_KEY, {})
         saved_stage = metadata.get("zero_stage", self.zero_stage)
         return saved_stage == self.zero_stage and layout.shard_world_size(directory, tag) == self.world_size
 
