@@ -210,6 +210,6 @@ class DDPStrategy(ParallelStrategy):
 
     def __repr__(self) -> str:
         return (
-            f"DDPStrategy(devices={self.num_processes}, num_nodes={self.num_nodes}, "
+            f"{type(self).__name__}(devices={self.num_processes}, num_nodes={self.num_nodes}, "
             f"start_method={self.start_method!r}, process_group_backend={self._process_group_backend or 'auto'!r})"
         )
