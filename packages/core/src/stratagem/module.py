@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -192,7 +192,7 @@ class Module(nn.Module):
         on_step: bool | None = None,
         on_epoch: bool | None = None,
         sync_dist: bool = False,
-        reduce_fx: ReduceFx = "mean",
+        reduce_fx: ReduceFx | Callable[..., Any] = "mean",
         batch_size: int | None = None,
     ) -> None:
         """Record a metric: it appears in ``trainer.callback_metrics``, the loggers and (with
@@ -203,7 +203,8 @@ class Module(nn.Module):
         ``reduce_fx`` (``"mean"`` weighted by ``batch_size``, ``"sum"``, ``"max"``, ``"min"``).
         Both on: the metric appears as ``name_step`` and ``name_epoch``. ``sync_dist=True``
         reduces the value over all ranks through the strategy (per step, or once per epoch
-        for epoch values).
+        for epoch values). ``torch.mean``/``sum``/``max``/``min`` are accepted for ``reduce_fx``
+        as well.
         """
         if self._trainer is None:
             warnings.warn(
@@ -231,7 +232,7 @@ class Module(nn.Module):
         on_step: bool | None = None,
         on_epoch: bool | None = None,
         sync_dist: bool = False,
-        reduce_fx: ReduceFx = "mean",
+        reduce_fx: ReduceFx | Callable[..., Any] = "mean",
         batch_size: int | None = None,
     ) -> None:
         """:meth:`log` every item of ``metrics`` with the same options."""
