@@ -293,7 +293,7 @@ class Trainer:
         self.strategy.save_checkpoint(path, checkpoint)
 
     @contextlib.contextmanager
-    def init_module(self, empty_init: bool | None = None) -> Iterator[None]:
+    def init_module(self, empty_init: bool = False) -> Iterator[None]:
         """Create modules in this context to build them directly on the device and in the precision's
         dtype (sharded strategies may build them sharded). ``empty_init=True`` skips the random
         initialisation, for weights that a checkpoint will overwrite."""
