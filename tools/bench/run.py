@@ -44,6 +44,8 @@ def load(name: str) -> ModuleType:
     if spec is None or spec.loader is None:
         raise ImportError(f"cannot load the benchmark {name!r} from {path}")
     module = importlib.util.module_from_spec(spec)
+    # dataclasses (and pickle) look a module up in sys.modules while it executes.
+    sys.modules[spec.name] = module
     spec.loader.exec_module(module)
     return module
 
