@@ -6,6 +6,8 @@ that core's tests check what the Trainer owes every parallel strategy: data spli
 saving on every rank, results equal on every rank, and the outcome sent back to the caller.
 """
 
+import os
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -55,6 +57,18 @@ class SaveCounter(Callback):
 
     def load_state_dict(self, state):
         self.saves = state["saves"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _restore_rendezvous_variables():
+    """Launching exports MASTER_PORT into this process; tests of other modules must not inherit it."""
+    saved = {name: os.environ.get(name) for name in ("MASTER_ADDR", "MASTER_PORT")}
+    yield
+    for name, value in saved.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
 
 
 def _two_process_trainer(root, **options):
