@@ -214,3 +214,11 @@ def test_create_launcher_maps_start_methods_to_launchers():
     assert create_launcher("fork", environment, 2, 1).is_interactive_compatible
     with pytest.raises(ValueError, match=r"start_method='thread' is not valid; expected one of 'popen', 'spawn'"):
         create_launcher("thread", environment, 2, 1)
+
+
+@pytest.mark.parametrize("argv", [["python"], ["python", "-"], ["python", "-i"]])
+def test_a_command_that_cannot_be_rerun_is_refused_before_any_rank_starts(monkeypatch, argv):
+    monkeypatch.setattr(sys, "orig_argv", argv)
+    launcher = SubprocessLauncher(LocalEnvironment(), num_processes=2, num_nodes=1)
+    with pytest.raises(RuntimeError, match=r"cannot be re-run .* use a strategy that forks or spawns"):
+        launcher.launch(print)

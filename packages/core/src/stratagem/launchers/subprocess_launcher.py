@@ -142,6 +142,9 @@ class _StartedRanks:
                 if self._ended or all(process.poll() is not None for process in self.processes.values()):
                     return
                 time.sleep(0.1)
+        except KeyboardInterrupt:
+            self.end()
+            raise
         finally:
             shutil.rmtree(self.workdir, ignore_errors=True)
 
