@@ -9,6 +9,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+import torch
 
 import stratagem
 from stratagem.launchers import RankFailedError
@@ -72,3 +73,20 @@ def test_sigkill_of_one_rank_mid_training_ends_the_whole_job_naming_it(tmp_path,
     assert job.returncode != 0
     assert f"rank 1 (pid {victim}) was killed by SIGKILL" in output
     assert wait_until_no_process_has(TAG, tag) == []
+
+
+def _one_rank_skips_backward(strategy):
+    strategy.setup_environment()
+    model = strategy.setup_module(torch.nn.Linear(4, 1))
+    if strategy.global_rank == 0:
+        strategy.backward(model(torch.ones(2, 4)).sum(), None)
+    else:
+        time.sleep(60)
+
+
+def test_a_gradient_all_reduce_stuck_past_the_timeout_names_ddp_backward():
+    strategy = stratagem.resolve(strategy=DDPStrategy(start_method="spawn", timeout=3), accelerator="cpu", devices=2)
+    with pytest.raises(RankFailedError) as caught:
+        strategy.launcher.launch(_one_rank_skips_backward, strategy)
+    assert caught.value.rank == 0
+    assert "all_reduce of gradients (DDP, during backward) did not complete within timeout=0:00:03" in str(caught.value)

@@ -183,6 +183,16 @@ class DDPStrategy(ParallelStrategy):
         device_ids = [self.root_device.index] if self.root_device.type == "cuda" else None
         return DistributedDataParallel(module, device_ids=device_ids, **options)
 
+    def backward(self, loss: torch.Tensor, optimizer: Optimizer | None) -> None:
+        try:
+            super().backward(loss, optimizer)
+        except RuntimeError as error:
+            if not _is_communication_error(error):
+                raise
+            # Re-raised inside collective() so that it is reported like any other stuck collective.
+            with self.collective("all_reduce of gradients (DDP, during backward)"):
+                raise
+
     def no_backward_sync(self, enabled: bool) -> contextlib.AbstractContextManager[Any]:
         if not enabled or not isinstance(self.model, DistributedDataParallel):
             return contextlib.nullcontext()
@@ -213,3 +223,9 @@ class DDPStrategy(ParallelStrategy):
             f"{type(self).__name__}(devices={self.num_processes}, num_nodes={self.num_nodes}, "
             f"start_method={self.start_method!r}, process_group_backend={self._process_group_backend or 'auto'!r})"
         )
+
+
+def _is_communication_error(error: RuntimeError) -> bool:
+    """Whether an error out of backward came from the process group (a peer gone, a timeout)."""
+    message = str(error)
+    return any(marker in message for marker in ("gloo", "NCCL", "Connection closed", "Timed out", "timed out"))
