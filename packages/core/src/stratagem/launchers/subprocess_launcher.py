@@ -98,6 +98,11 @@ class _StartedRanks:
 
     def run_as_rank_zero(self, function: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         self._raise_if_failed()
+        if self._ended:
+            raise RuntimeError(
+                "The other ranks of this script were ended after an earlier failure; a new run needs them. "
+                "Start the script again."
+            )
         try:
             result = function(*args, **kwargs)
         except KeyboardInterrupt:
