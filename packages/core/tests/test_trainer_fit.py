@@ -40,6 +40,18 @@ def test_limit_train_batches_as_count_and_as_fraction(tmp_path):
     assert trainer.global_step == 4
 
 
+def test_limit_train_batches_zero_skips_training_but_not_validation(tmp_path):
+    trainer = quiet_trainer(tmp_path, max_epochs=2, limit_train_batches=0, num_sanity_val_steps=1)
+    trainer.fit(ClassifierModule(), make_loader(), make_loader())
+    assert trainer.global_step == 0
+    assert trainer.validate(ClassifierModule(), make_loader())[0]["val_loss"] > 0
+
+
+def test_an_empty_training_source_stops_with_a_warning(tmp_path):
+    with pytest.warns(UserWarning, match="produced no batch"):
+        quiet_trainer(tmp_path, max_steps=5).fit(ClassifierModule(), iter([]))
+
+
 def test_accumulating_two_half_batches_matches_one_full_batch(tmp_path):
     torch.manual_seed(0)
     accumulated, whole = ClassifierModule(), ClassifierModule()

@@ -75,7 +75,7 @@ class FitLoop:
         self._pending_rng = checkpoint_rng
         self.progress.start_next_epoch_if_finished()
         start_step, start_time = self.progress.global_step, time.perf_counter()
-        while not self._done() and not self._epochs_done():
+        while self.num_batches != 0 and not self._done() and not self._epochs_done():
             if not self._run_epoch():
                 break
         trainer.throughput = Throughput(self.progress.global_step - start_step, time.perf_counter() - start_time)
