@@ -40,11 +40,13 @@ def test_limit_train_batches_as_count_and_as_fraction(tmp_path):
     assert trainer.global_step == 4
 
 
-def test_limit_train_batches_zero_skips_training_but_not_validation(tmp_path):
-    trainer = quiet_trainer(tmp_path, max_epochs=2, limit_train_batches=0, num_sanity_val_steps=1)
-    trainer.fit(ClassifierModule(), make_loader(), make_loader())
-    assert trainer.global_step == 0
-    assert trainer.validate(ClassifierModule(), make_loader())[0]["val_loss"] > 0
+def test_limit_train_batches_zero_skips_training(tmp_path):
+    module = ClassifierModule()
+    before = parameters_of(module)
+    trainer = quiet_trainer(tmp_path, max_epochs=2, limit_train_batches=0)
+    trainer.fit(module, make_loader())
+    assert (trainer.global_step, trainer.current_epoch) == (0, 0)
+    assert all(torch.equal(before[name], value) for name, value in parameters_of(module).items())
 
 
 def test_an_empty_training_source_stops_with_a_warning(tmp_path):
