@@ -107,8 +107,8 @@ def test_the_stage_3_checkpoint_evaluates_under_single_device_with_identical_wei
 
 @pytest.mark.parametrize(
     ("strategy", "devices"),
-    [("fsdp", 2), ("deepspeed_stage_2", 1)],
-    ids=["fsdp-on-2-processes", "deepspeed-stage-2-on-1-process"],
+    [("ddp", 2), ("fsdp", 2), ("deepspeed_stage_2", 1)],
+    ids=["ddp-on-2-processes", "fsdp-on-2-processes", "deepspeed-stage-2-on-1-process"],
 )
 def test_the_stage_3_checkpoint_loads_with_identical_weights_into(stage_3_run, tmp_path, strategy, devices):
     root = run_script(

@@ -53,6 +53,20 @@ def test_every_alias_trains_like_one_process_on_the_global_batch_in_fp32(workers
     _assert_matches_reference(rank_zero, reference, tolerance=1e-5)
 
 
+@pytest.fixture(scope="module")
+def ddp_run(workers):
+    return workers.run(train, "ddp", STEPS)[0]
+
+
+@pytest.mark.parametrize("alias", ["deepspeed_stage_1", "deepspeed_stage_2"])
+def test_stage_1_and_2_match_ddp_on_the_same_global_batch(workers, ddp_run, alias):
+    ddp_losses, ddp_weights, _ = ddp_run
+    losses, weights, _ = workers.run(train, alias, STEPS)[0]
+    assert losses == pytest.approx(ddp_losses, abs=1e-6)
+    for name, value in ddp_weights.items():
+        torch.testing.assert_close(weights[name], value, atol=1e-6, rtol=0, msg=name)
+
+
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
 def test_bf16_mixed_trains_every_stage_close_to_fp32_with_fp32_master_weights(workers, reference, stage):
     losses, weights, _ = workers.run(train, {"stage": stage}, STEPS, "bf16-mixed")[0]
