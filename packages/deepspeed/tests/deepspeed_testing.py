@@ -59,18 +59,28 @@ def initial_weights(seed: int = 0) -> dict[str, torch.Tensor]:
     return copy.deepcopy(RegressionNet().state_dict())
 
 
-def reference_run(steps: int, world_size: int = 2, start_step: int = 0) -> tuple[list[float], dict[str, torch.Tensor]]:
-    """One process, the whole global batch per step, torch AdamW: what every ZeRO stage must reproduce."""
+def reference_setup() -> tuple[RegressionNet, torch.optim.Optimizer]:
     model = RegressionNet()
     model.load_state_dict(initial_weights())
-    optimizer = torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE)
+    return model, torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE)
+
+
+def reference_train(model: nn.Module, optimizer: torch.optim.Optimizer, steps: int, start_step: int = 0) -> list[float]:
+    """One process, the whole global batch per step: what every ZeRO stage must reproduce."""
     losses = []
-    for batch in global_batches(start_step + steps, world_size)[start_step:]:
+    for batch in global_batches(start_step + steps)[start_step:]:
         loss = model.training_step(batch)
         loss.backward()
         optimizer.step()
         optimizer.zero_grad()
         losses.append(loss.item())
+    return losses
+
+
+def reference_run(steps: int) -> tuple[list[float], dict[str, torch.Tensor]]:
+    """Losses and final weights of ``steps`` single-process steps with torch AdamW from the initial weights."""
+    model, optimizer = reference_setup()
+    losses = reference_train(model, optimizer, steps)
     return losses, model.state_dict()
 
 

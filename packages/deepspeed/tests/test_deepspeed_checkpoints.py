@@ -13,6 +13,8 @@ from deepspeed_testing import (
     RegressionNet,
     load_and_train,
     reference_run,
+    reference_setup,
+    reference_train,
     save_twice,
     train_and_save,
     worker_pool,
@@ -58,27 +60,83 @@ def test_a_checkpoint_resumes_exactly_at_the_same_stage_and_world_size(workers, 
     assert remaining == {"loops": {"step": STEPS}}
     assert_identical(loaded, weights_at_save)
     assert warned == []
+    assert_continues_the_reference(losses, final)
+
+
+def assert_continues_the_reference(losses, final):
     uninterrupted_losses, uninterrupted_weights = reference_run(2 * STEPS)
     assert losses == pytest.approx(uninterrupted_losses[STEPS:], abs=1e-5)
     for name, value in uninterrupted_weights.items():
-        torch.testing.assert_close(final[name], value, atol=1e-5, rtol=0)
+        torch.testing.assert_close(final[name], value, atol=1e-5, rtol=0, msg=name)
 
 
-def test_a_checkpoint_of_another_stage_loads_its_weights_and_warns_the_optimizer_state_is_fresh(workers, saved):
-    path, weights_at_save = saved["deepspeed_stage_2"]
-    rank_zero, rank_one = workers.run(load_and_train, "deepspeed_stage_3", str(path), 1, STEPS)
-    remaining, loaded, _, _, warned = rank_zero
+@pytest.mark.parametrize(
+    ("saved_by", "loaded_by"), [("deepspeed_stage_2", "deepspeed_stage_3"), ("deepspeed_stage_3", "deepspeed_stage_1")]
+)
+def test_a_checkpoint_of_another_stage_resumes_with_its_weights_and_optimizer_state(
+    workers, saved, saved_by, loaded_by
+):
+    path, weights_at_save = saved[saved_by]
+    remaining, loaded, losses, final, warned = workers.run(load_and_train, loaded_by, str(path), STEPS, STEPS)[0]
     assert remaining == {"loops": {"step": STEPS}}
     assert_identical(loaded, weights_at_save)
-    assert len(warned) == 1
-    assert "optimizer state is not" in warned[0]
+    assert warned == []
+    assert_continues_the_reference(losses, final)
+
+
+def test_the_reader_gathers_the_optimizer_state_as_a_plain_torch_state_dict(saved):
+    model, optimizer = reference_setup()
+    reference_train(model, optimizer, STEPS)
+    expected = optimizer.state_dict()
+    for path, _ in saved.values():
+        [state] = read_full_checkpoint(path, TorchCheckpointIO())["optimizers"]
+        assert state["param_groups"][0]["params"] == expected["param_groups"][0]["params"]
+        assert state["param_groups"][0]["lr"] == expected["param_groups"][0]["lr"]
+        for index, per_parameter in expected["state"].items():
+            assert set(state["state"][index]) == set(per_parameter)
+            for key, value in per_parameter.items():
+                torch.testing.assert_close(state["state"][index][key], value, atol=1e-6, rtol=0)
+
+
+def test_single_device_resumes_a_stage_3_checkpoint_with_its_optimizer_state(saved):
+    path, _ = saved["deepspeed_stage_3"]
+    strategy = stratagem.resolve(strategy="single_device", accelerator="cpu", devices=1)
+    model, optimizer = reference_setup()
+    strategy.setup_module(model)
+    strategy.load_checkpoint(path, {"module": model, "optimizers": [optimizer]})
+    losses = reference_train(model, optimizer, STEPS, start_step=STEPS)
+    assert_continues_the_reference(losses, model.state_dict())
+
+
+@pytest.mark.parametrize("alias", ["deepspeed_stage_2", "deepspeed_stage_3"])
+def test_a_single_process_checkpoint_resumes_under_deepspeed_with_its_optimizer_state(workers, tmp_path, alias):
+    model, optimizer = reference_setup()
+    reference_train(model, optimizer, STEPS)
+    checkpoint = {"module": model.state_dict(), "optimizers": [optimizer.state_dict()], "loops": {"step": STEPS}}
+    TorchCheckpointIO().save_checkpoint(checkpoint, tmp_path / "one.pt")
+    remaining, loaded, losses, final, warned = workers.run(
+        load_and_train, alias, str(tmp_path / "one.pt"), STEPS, STEPS
+    )[0]
+    assert remaining == {"loops": {"step": STEPS}}
+    assert_identical(loaded, model.state_dict())
+    assert warned == []
+    assert_continues_the_reference(losses, final)
+
+
+def test_a_checkpoint_without_optimizer_state_loads_the_weights_and_warns_on_rank_zero(workers, tmp_path):
+    initial = RegressionNet()
+    TorchCheckpointIO().save_checkpoint({"module": initial.state_dict()}, tmp_path / "weights.pt")
+    rank_zero, rank_one = workers.run(load_and_train, "deepspeed_stage_3", str(tmp_path / "weights.pt"), 1, 0)
+    assert_identical(rank_zero[1], initial.state_dict())
+    assert len(rank_zero[4]) == 1
+    assert "fresh optimizer state" in rank_zero[4][0]
     assert rank_one[4] == []
 
 
 def test_the_reader_gathers_full_fp32_weights_without_a_process_group(saved):
     for path, weights_at_save in saved.values():
         checkpoint = read_full_checkpoint(path, TorchCheckpointIO())
-        assert set(checkpoint) == {"module", "loops"}
+        assert set(checkpoint) == {"module", "optimizers", "loops"}
         assert_identical(checkpoint["module"], weights_at_save)
 
 
@@ -87,7 +145,7 @@ def test_single_device_loads_a_stage_3_checkpoint_through_its_ordinary_load(save
     strategy = stratagem.resolve(strategy="single_device", accelerator="cpu", devices=1)
     module = strategy.setup_module(RegressionNet())
     remaining = strategy.load_checkpoint(path, {"module": module})
-    assert remaining == {"loops": {"step": STEPS}}
+    assert remaining["loops"] == {"step": STEPS}
     assert_identical(module.state_dict(), weights_at_save)
 
 

@@ -22,12 +22,13 @@ from stratagem_deepspeed.checkpoint_layout import (
 
 
 class DeepSpeedCheckpointIO(CheckpointIO):
-    """Reads a DeepSpeed checkpoint directory as ``{"module": full fp32 state dict, **plain entries}``.
+    """Reads a DeepSpeed checkpoint directory as ``{"module": full fp32 state dict, "optimizers":
+    [plain optimizer state dict], **plain entries}``.
 
-    The fp32 master weights are gathered from the ZeRO shards, so ``single_device``, ``ddp``,
-    ``fsdp`` or a DeepSpeed run with another world size can load what two DeepSpeed processes
-    saved. Written directly (without the strategy's engine), a checkpoint is a directory holding
-    only the plain state, which this IO reads back the same way.
+    The fp32 master weights and the optimizer state are gathered from the ZeRO shards, so
+    ``single_device``, ``ddp``, ``fsdp`` or a DeepSpeed run with another world size can load (and
+    resume from) what two DeepSpeed processes saved. Written directly (without the strategy's
+    engine), a checkpoint is a directory holding only the plain state, read back the same way.
     """
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: PathLike) -> None:
@@ -74,16 +75,26 @@ def read_checkpoint(
     metadata = checkpoint.pop(METADATA_KEY, {})
     module_key = metadata.get("module_key", "module")
     tag = tag or read_tag(directory)
-    if module_key not in checkpoint and tag is not None:
-        from stratagem_deepspeed.shards import check_weights_only, gather_fp32_weights
+    optimizers_key = metadata.get("optimizers_key")
+    if tag is None or (module_key in checkpoint and optimizers_key in (None, *checkpoint)):
+        return checkpoint
+    from stratagem_deepspeed.shards import check_weights_only, gather_fp32_weights, gather_optimizer_state
 
-        if weights_only:
-            check_weights_only(directory, tag)
-        weights = gather_fp32_weights(directory, tag)
-        if map_location is not None:
-            weights = {name: value.to(map_location) for name, value in weights.items()}
-        checkpoint[module_key] = weights
+    if weights_only:
+        check_weights_only(directory, tag)
+    if module_key not in checkpoint:
+        checkpoint[module_key] = _to(gather_fp32_weights(directory, tag), map_location)
+    if optimizers_key is not None and optimizers_key not in checkpoint:
+        optimizer_state = gather_optimizer_state(directory, tag)
+        if optimizer_state is not None:
+            checkpoint[optimizers_key] = [optimizer_state]
     return checkpoint
+
+
+def _to(weights: dict[str, torch.Tensor], map_location: torch.device | str | None) -> dict[str, torch.Tensor]:
+    if map_location is None:
+        return weights
+    return {name: value.to(map_location) for name, value in weights.items()}
 
 
 def read_state_file(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import math
 from pathlib import Path
 from typing import Any
 
@@ -59,3 +60,106 @@ def _unsharded_module_state(directory: Path, tag: str) -> dict[str, torch.Tensor
     with torch.serialization.safe_globals(deepspeed_checkpoint_globals()):
         state = torch.load(files[0], map_location="cpu", weights_only=True)
     return {name: value.float() if value.is_floating_point() else value for name, value in state["module"].items()}
+
+
+def gather_optimizer_state(directory: Path, tag: str) -> dict[str, Any] | None:
+    """The optimizer's state as a plain ``Optimizer.state_dict()`` of the whole model (parameters
+    numbered in the order DeepSpeed recorded them), assembled from the per-rank ZeRO shards.
+
+    ``None`` when ``tag`` holds no optimizer shards in a layout this knows (ZeRO stage 0).
+    """
+    optimizer_files = sorted((directory / tag).glob("*zero_pp_rank_*_optim_states.pt"), key=_rank_of)
+    if not optimizer_files:
+        return None
+    with torch.serialization.safe_globals(deepspeed_checkpoint_globals()):
+        model_states = torch.load(_model_states_file(directory, tag), map_location="cpu", weights_only=True)
+        shards = [
+            torch.load(path, map_location="cpu", mmap=True, weights_only=True)["optimizer_state_dict"]
+            for path in optimizer_files
+        ]
+    groups: list[dict[str, torch.Size]] = list(model_states["param_shapes"])
+    if int(shards[0]["zero_stage"]) == 3:
+        per_parameter = _merge_stage_3(shards, groups)
+        saved_groups = shards[0]["optimizer_state_dict"]["param_groups"]
+    else:
+        per_parameter = _merge_stages_1_2(shards, groups)
+        saved_groups = shards[0]["base_optimizer_state"]["param_groups"]
+    if len(saved_groups) != len(groups):
+        raise ValueError(
+            f"{str(directory / tag)!r}: {len(saved_groups)} optimizer groups for {len(groups)} parameter groups; "
+            "the optimizer state cannot be mapped to parameters."
+        )
+    param_groups = []
+    index = 0
+    for saved, shapes in zip(saved_groups, groups):
+        param_groups.append(
+            {**{k: v for k, v in saved.items() if k != "params"}, "params": list(range(index, index + len(shapes)))}
+        )
+        index += len(shapes)
+    return {"state": dict(enumerate(per_parameter)), "param_groups": param_groups}
+
+
+def _rank_of(path: Path) -> int:
+    return int(path.name.split("zero_pp_rank_")[1].split("_")[0])
+
+
+def _model_states_file(directory: Path, tag: str) -> Path:
+    for pattern in ("mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_model_states.pt"):
+        if (directory / tag / pattern).is_file():
+            return directory / tag / pattern
+    raise ValueError(f"{str(directory / tag)!r} holds no DeepSpeed model-states file.")
+
+
+def _merge_stages_1_2(shards: list[dict[str, Any]], groups: list[dict[str, torch.Size]]) -> list[dict[str, Any]]:
+    # Each rank's optimizer steps one slice of every group's flat buffer; param_slice_mappings
+    # says where each parameter's fragment lies in that slice.
+    merged = []
+    for group_index, shapes in enumerate(groups):
+        flat_states = [shard["base_optimizer_state"]["state"][group_index] for shard in shards]
+        for name, shape in shapes.items():
+            fragments: dict[str, list[torch.Tensor]] = {}
+            for shard, flat in zip(shards, flat_states):
+                address = shard["param_slice_mappings"][group_index].get(name)
+                if address is None:
+                    continue
+                for key, value in flat.items():
+                    if isinstance(value, torch.Tensor) and value.dim() == 1:
+                        fragments.setdefault(key, []).append(value.narrow(0, address.start, address.numel))
+            merged.append(_per_parameter(flat_states[0], fragments, shape))
+    return merged
+
+
+def _merge_stage_3(shards: list[dict[str, Any]], groups: list[dict[str, torch.Size]]) -> list[dict[str, Any]]:
+    # Every parameter is split into world_size equal (padded) parts; rank r's flat buffers hold
+    # part r of each parameter, one after the other in DeepSpeed's recorded order.
+    world_size = len(shards)
+    flat_by_rank = []
+    for shard in shards:
+        states = shard["optimizer_state_dict"]["state"]
+        keys = [key for key, value in states[0].items() if isinstance(value, torch.Tensor) and value.dim() == 1]
+        flat_by_rank.append({key: torch.cat([states[index][key] for index in sorted(states)]) for key in keys})
+    first_group_state = shards[0]["optimizer_state_dict"]["state"][0]
+    merged = []
+    offset = 0
+    for shape in (shape for shapes in groups for shape in shapes.values()):
+        numel = math.prod(shape)
+        part = math.ceil(numel / world_size)
+        fragments = {key: [flat[key].narrow(0, offset, part) for flat in flat_by_rank] for key in flat_by_rank[0]}
+        merged.append(_per_parameter(first_group_state, fragments, shape, numel))
+        offset += part
+    return merged
+
+
+def _per_parameter(
+    group_state: dict[str, Any], fragments: dict[str, list[torch.Tensor]], shape: torch.Size, numel: int | None = None
+) -> dict[str, Any]:
+    # Per-group scalars (Adam's step count) apply to every parameter of the group.
+    state: dict[str, Any] = {
+        key: value.clone() if isinstance(value, torch.Tensor) else value
+        for key, value in group_state.items()
+        if not (isinstance(value, torch.Tensor) and value.dim() == 1)
+    }
+    for key, pieces in fragments.items():
+        whole = torch.cat(pieces)
+        state[key] = (whole[:numel] if numel is not None else whole).reshape(shape).clone()
+    return state

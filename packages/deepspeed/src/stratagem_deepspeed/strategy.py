@@ -134,6 +134,7 @@ class DeepSpeedStrategy(ParallelStrategy):
         self._config: dict[str, Any] | None = None
         self._launcher: Launcher | None = None
         self._engine: DeepSpeedEngine | None = None
+        self._parameter_groups: list[list[nn.Parameter]] = []
 
     # -- wiring (calling process) -------------------------------------------------------------
 
@@ -289,6 +290,11 @@ class DeepSpeedStrategy(ParallelStrategy):
         client_optimizer = optimizers[0] if optimizers else None
         if client_optimizer is not None:
             self._warn_about_slow_offloaded_optimizer(client_optimizer)
+            # DeepSpeed replaces the groups' parameters by flat partitions; a plain optimizer state
+            # numbers parameters in this original order.
+            self._parameter_groups = [list(group["params"]) for group in client_optimizer.param_groups]
+        else:
+            self._parameter_groups = [[p for p in self.module.parameters() if p.requires_grad]]
         deepspeed = import_deepspeed()
         engine, _, _, _ = deepspeed.initialize(
             model=self.module,
@@ -475,16 +481,46 @@ class DeepSpeedStrategy(ParallelStrategy):
         for key, target in state.items():
             if isinstance(target, nn.Module):
                 self._load_module_state(remaining.pop(key), strict)
-            elif _is_optimizers(target) and self.is_global_zero:
-                remaining.pop(key, None)
-                warnings.warn(
-                    f"{str(directory)!r} was written by another strategy, ZeRO stage or world size: the module's "
-                    "weights are loaded, the optimizer state is not (DeepSpeed restores it only from its own shards "
-                    "at the same stage and world size). Training resumes with fresh optimizer state.",
-                    UserWarning,
-                    stacklevel=3,
-                )
+            elif _is_optimizers(target):
+                saved = remaining.pop(key, None)
+                # Optimizer state swapped to NVMe exists only in DeepSpeed's own swap files.
+                swapped = offload_devices(self.config).get("optimizer") == "nvme"
+                if saved and self._engine is not None and self.engine.optimizer is not None and not swapped:
+                    self._load_optimizer_state(saved[0])
+                elif self.is_global_zero:
+                    warnings.warn(
+                        f"{str(directory)!r} holds no optimizer state this run can take: the module's weights are "
+                        "loaded, and training resumes with fresh optimizer state.",
+                        UserWarning,
+                        stacklevel=3,
+                    )
         return remaining
+
+    def _load_optimizer_state(self, saved: dict[str, Any]) -> None:
+        """Put a plain (whole-model) optimizer state into the engine's partitions, whatever wrote it."""
+        deepspeed = import_deepspeed()
+        saved_groups = saved["param_groups"]
+        if [len(group["params"]) for group in saved_groups] != [len(group) for group in self._parameter_groups]:
+            raise ValueError(
+                f"The checkpoint's optimizer has groups of {[len(group['params']) for group in saved_groups]} "
+                f"parameters, this run's of {[len(group) for group in self._parameter_groups]}; they must match."
+            )
+        self._materialize_optimizer_state(saved)
+        step = None
+        for saved_group, parameters in zip(saved_groups, self._parameter_groups):
+            for index, parameter in zip(saved_group["params"], parameters):
+                for key, value in saved["state"].get(index, {}).items():
+                    if isinstance(value, torch.Tensor) and value.numel() == _full_numel(parameter):
+                        deepspeed.utils.safe_set_full_optimizer_state(parameter, value.float(), key)
+                    elif key == "step":
+                        step = value
+        optimizer = self.engine.basic_optimizer
+        for group, saved_group in zip(optimizer.param_groups, saved_groups):
+            group.update({key: value for key, value in saved_group.items() if key != "params" and key in group})
+        if step is not None:
+            for state in optimizer.state.values():
+                if "step" in state:
+                    state["step"] = step.clone() if isinstance(step, torch.Tensor) else step
 
     def _load_module_state(self, weights: Mapping[str, torch.Tensor], strict: bool) -> None:
         deepspeed = import_deepspeed()
@@ -506,6 +542,35 @@ class DeepSpeedStrategy(ParallelStrategy):
             if name in weights:
                 # The optimizer's fp32 master copy, which the next step would otherwise copy back.
                 deepspeed.utils.safe_set_full_fp32_param(parameter, weights[name].to(torch.float32))
+
+    def _materialize_optimizer_state(self, saved: dict[str, Any]) -> None:
+        # A torch optimizer creates its state at its first step; before that there is nothing for
+        # the saved values to go into, so the entries the checkpoint has are created, zeroed, here.
+        optimizer = self.engine.basic_optimizer
+        per_parameter: dict[str, Any] = next(iter(saved["state"].values()), {})
+        keys = [key for key, value in per_parameter.items() if isinstance(value, torch.Tensor) and value.dim() > 0]
+        for flat in self._stepped_partitions():
+            state = optimizer.state[flat]
+            for key in keys:
+                if key not in state:
+                    state[key] = torch.zeros_like(flat, memory_format=torch.preserve_format)
+            if "step" in per_parameter and "step" not in state:
+                state["step"] = torch.zeros((), dtype=torch.float32)
+        # Stages 1-2 map each parameter to its slice of that state once it exists (normally after the
+        # first step); the safe_set_* functions write through that mapping.
+        link = getattr(self.engine.optimizer, "_lazy_init_hp_params_optimizer_state", None)
+        if link is not None:
+            link()
+
+    def _stepped_partitions(self) -> list[torch.Tensor]:
+        """The flat fp32 partitions the torch optimizer steps on this rank (under ZeRO, not the module's)."""
+        zero_optimizer = self.engine.optimizer
+        # Stage 3 hands its partitions to the optimizer only during a step; stages 1-2 keep them in its groups.
+        for attribute in ("fp32_partitioned_groups_flat", "single_partition_of_fp32_groups"):
+            partitions = getattr(zero_optimizer, attribute, None)
+            if partitions is not None:
+                return list(partitions)
+        return [flat for group in self.engine.basic_optimizer.param_groups for flat in group["params"]]
 
     def module_full_state_dict(self) -> dict[str, Any]:
         deepspeed = import_deepspeed()
@@ -535,6 +600,10 @@ class DeepSpeedStrategy(ParallelStrategy):
             f"DeepSpeedStrategy(stage={self.options.stage if self._config is None else self.zero_stage}, "
             f"devices={self.num_processes}, num_nodes={self.num_nodes})"
         )
+
+
+def _full_numel(parameter: nn.Parameter) -> int:
+    return int(getattr(parameter, "ds_numel", parameter.numel()))
 
 
 def _is_optimizers(value: Any) -> bool:
