@@ -73,6 +73,17 @@ def describe_exit(returncode: int) -> str:
     return f"exited with code {returncode}"
 
 
+def lead_own_process_group() -> None:
+    """Make this rank the leader of a new session and process group, as torchrun does for its workers.
+
+    Ending a rank then ends what it started (DataLoader workers) with it, and on Linux with
+    autogroup scheduling each rank gets its own share of a busy machine's CPUs. Ctrl-C in a
+    terminal reaches only the launching process, which ends the ranks.
+    """
+    if hasattr(os, "setsid"):
+        os.setsid()
+
+
 def end_processes(processes: Sequence[subprocess.Popen[bytes] | BaseProcess], grace: float = END_GRACE_SECONDS) -> None:
     """SIGTERM every live process, SIGKILL those still alive after ``grace`` seconds, and reap them all."""
     for process in processes:
@@ -121,6 +132,9 @@ def _signal(process: subprocess.Popen[bytes] | BaseProcess, signum: signal.Signa
     if process.pid is None:
         return
     try:
-        os.kill(process.pid, signum)
+        if hasattr(os, "killpg") and os.getpgid(process.pid) == process.pid:
+            os.killpg(process.pid, signum)
+        else:
+            os.kill(process.pid, signum)
     except ProcessLookupError:
         pass

@@ -19,6 +19,7 @@ from stratagem.launchers.failures import (
     describe_exit,
     end_processes,
     exit_when_parent_dies,
+    lead_own_process_group,
 )
 from stratagem.launchers.launcher import Launcher
 from stratagem.launchers.rendezvous import check_main_port_free, rank_environment
@@ -159,6 +160,7 @@ def _run_rank(
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
 ) -> None:
+    lead_own_process_group()
     os.environ.update(environment)
     exit_when_parent_dies(parent_pid, who=f"rank {rank}")
     try:

@@ -226,7 +226,8 @@ def _start_ranks(
             PARENT_PID_VARIABLE: str(os.getpid()),
             ERROR_FILE_VARIABLE: str(error_files[rank]),
         }
-        processes[rank] = subprocess.Popen(command, env=environment)
+        # Its own session and process group, as lead_own_process_group() explains.
+        processes[rank] = subprocess.Popen(command, env=environment, start_new_session=True)
     _started_ranks = _StartedRanks(first_rank, processes, error_files, workdir)
     atexit.register(_started_ranks.wait_at_exit)
     return _started_ranks
