@@ -26,6 +26,7 @@ from stratagem.strategies.parallel import DEFAULT_TIMEOUT
 from stratagem_deepspeed import checkpoint_layout as layout
 from stratagem_deepspeed.checkpoint_io import DeepSpeedCheckpointIO, read_state_file
 from stratagem_deepspeed.config import ZeroOptions, load_config, offload_devices, reconcile, zero_stage
+from stratagem_deepspeed.engine_state import gather_module_state, load_module_state, load_optimizer_state
 from stratagem_deepspeed.environment import (
     async_io_problem,
     check_config_with_deepspeed,
@@ -415,9 +416,7 @@ class DeepSpeedStrategy(ParallelStrategy):
                         "only the module of its engine."
                     )
                 module_key = key
-            elif isinstance(value, Optimizer) or (
-                isinstance(value, list | tuple) and value and isinstance(value[0], Optimizer)
-            ):
+            elif _is_optimizers(value):
                 optimizers_key = key
             else:
                 plain[key] = value
@@ -480,13 +479,13 @@ class DeepSpeedStrategy(ParallelStrategy):
         remaining = dict(checkpoint)
         for key, target in state.items():
             if isinstance(target, nn.Module):
-                self._load_module_state(remaining.pop(key), strict)
+                load_module_state(self.module, self._engine, remaining.pop(key), strict)
             elif _is_optimizers(target):
                 saved = remaining.pop(key, None)
                 # Optimizer state swapped to NVMe exists only in DeepSpeed's own swap files.
                 swapped = offload_devices(self.config).get("optimizer") == "nvme"
                 if saved and self._engine is not None and self.engine.optimizer is not None and not swapped:
-                    self._load_optimizer_state(saved[0])
+                    load_optimizer_state(self.engine, self._parameter_groups, saved[0])
                 elif self.is_global_zero:
                     warnings.warn(
                         f"{str(directory)!r} holds no optimizer state this run can take: the module's weights are "
@@ -496,97 +495,8 @@ class DeepSpeedStrategy(ParallelStrategy):
                     )
         return remaining
 
-    def _load_optimizer_state(self, saved: dict[str, Any]) -> None:
-        """Put a plain (whole-model) optimizer state into the engine's partitions, whatever wrote it."""
-        deepspeed = import_deepspeed()
-        saved_groups = saved["param_groups"]
-        if [len(group["params"]) for group in saved_groups] != [len(group) for group in self._parameter_groups]:
-            raise ValueError(
-                f"The checkpoint's optimizer has groups of {[len(group['params']) for group in saved_groups]} "
-                f"parameters, this run's of {[len(group) for group in self._parameter_groups]}; they must match."
-            )
-        self._materialize_optimizer_state(saved)
-        step = None
-        for saved_group, parameters in zip(saved_groups, self._parameter_groups):
-            for index, parameter in zip(saved_group["params"], parameters):
-                for key, value in saved["state"].get(index, {}).items():
-                    if isinstance(value, torch.Tensor) and value.numel() == _full_numel(parameter):
-                        deepspeed.utils.safe_set_full_optimizer_state(parameter, value.float(), key)
-                    elif key == "step":
-                        step = value
-        optimizer = self.engine.basic_optimizer
-        for group, saved_group in zip(optimizer.param_groups, saved_groups):
-            group.update({key: value for key, value in saved_group.items() if key != "params" and key in group})
-        if step is not None:
-            for state in optimizer.state.values():
-                if "step" in state:
-                    state["step"] = step.clone() if isinstance(step, torch.Tensor) else step
-
-    def _load_module_state(self, weights: Mapping[str, torch.Tensor], strict: bool) -> None:
-        deepspeed = import_deepspeed()
-        module = self.module
-        missing = sorted(set(module.state_dict()) - set(weights))
-        unexpected = sorted(set(weights) - set(module.state_dict()))
-        if strict and (missing or unexpected):
-            raise RuntimeError(
-                f"The checkpoint does not match the module: missing keys {missing}, unexpected keys {unexpected}. "
-                "Load with strict=False to skip them."
-            )
-        named = dict(module.named_parameters())
-        # Every rank reads the same weights; at stage 3 rank 0's copy is the one re-partitioned.
-        with deepspeed.zero.GatheredParameters(list(named.values()), modifier_rank=0):
-            module.load_state_dict(dict(weights), strict=False)
-        if self._engine is None:
-            return
-        for name, parameter in named.items():
-            if name in weights:
-                # The optimizer's fp32 master copy, which the next step would otherwise copy back.
-                deepspeed.utils.safe_set_full_fp32_param(parameter, weights[name].to(torch.float32))
-
-    def _materialize_optimizer_state(self, saved: dict[str, Any]) -> None:
-        # A torch optimizer creates its state at its first step; before that there is nothing for
-        # the saved values to go into, so the entries the checkpoint has are created, zeroed, here.
-        optimizer = self.engine.basic_optimizer
-        per_parameter: dict[str, Any] = next(iter(saved["state"].values()), {})
-        keys = [key for key, value in per_parameter.items() if isinstance(value, torch.Tensor) and value.dim() > 0]
-        for flat in self._stepped_partitions():
-            state = optimizer.state[flat]
-            for key in keys:
-                if key not in state:
-                    state[key] = torch.zeros_like(flat, memory_format=torch.preserve_format)
-            if "step" in per_parameter and "step" not in state:
-                state["step"] = torch.zeros((), dtype=torch.float32)
-        # Stages 1-2 map each parameter to its slice of that state once it exists (normally after the
-        # first step); the safe_set_* functions write through that mapping.
-        link = getattr(self.engine.optimizer, "_lazy_init_hp_params_optimizer_state", None)
-        if link is not None:
-            link()
-
-    def _stepped_partitions(self) -> list[torch.Tensor]:
-        """The flat fp32 partitions the torch optimizer steps on this rank (under ZeRO, not the module's)."""
-        zero_optimizer = self.engine.optimizer
-        # Stage 3 hands its partitions to the optimizer only during a step; stages 1-2 keep them in its groups.
-        for attribute in ("fp32_partitioned_groups_flat", "single_partition_of_fp32_groups"):
-            partitions = getattr(zero_optimizer, attribute, None)
-            if partitions is not None:
-                return list(partitions)
-        return [flat for group in self.engine.basic_optimizer.param_groups for flat in group["params"]]
-
     def module_full_state_dict(self) -> dict[str, Any]:
-        deepspeed = import_deepspeed()
-        module = self.module
-        full: dict[str, Any] = {}
-        parameters = dict(module.named_parameters(remove_duplicate=False))
-        for name, value in module.state_dict(keep_vars=True).items():
-            parameter = parameters.get(name)
-            if parameter is None:
-                full[name] = value.detach().cpu()
-                continue
-            gathered = deepspeed.utils.safe_get_full_fp32_param(parameter) if self._engine is not None else None
-            if gathered is None:
-                with deepspeed.zero.GatheredParameters([parameter]):
-                    gathered = parameter.detach().to(torch.float32).clone()
-            full[name] = gathered.cpu()
+        full = gather_module_state(self.module, self._engine)
         return full if self.is_global_zero else {}
 
     def teardown(self) -> None:
@@ -600,10 +510,6 @@ class DeepSpeedStrategy(ParallelStrategy):
             f"DeepSpeedStrategy(stage={self.options.stage if self._config is None else self.zero_stage}, "
             f"devices={self.num_processes}, num_nodes={self.num_nodes})"
         )
-
-
-def _full_numel(parameter: nn.Parameter) -> int:
-    return int(getattr(parameter, "ds_numel", parameter.numel()))
 
 
 def _is_optimizers(value: Any) -> bool:
