@@ -134,7 +134,7 @@ def _row(name: str, result: dict[str, Any], baseline: dict[str, Any] | None) -> 
             f"  optimizer state {rank['optimizer_elements'] / baseline['ranks'][0]['optimizer_elements']:.2f}x stage 0"
         )
     return (
-        f"{_label(name):<22} optimizer-state elements/rank {rank['optimizer_elements']:>11,}  "
+        f"{_label(name):<28} optimizer-state elements/rank {rank['optimizer_elements']:>11,}  "
         f"model-state MiB/rank {rank['model_state_bytes'] / 2**20:8.1f}  peak RSS MiB/rank "
         f"{max(r['peak_rss_bytes'] for r in result['ranks']) / 2**20:7.0f}{ratio}"
     )
@@ -199,6 +199,8 @@ def _worker(spec: dict[str, Any]) -> int:
         report["speed"] = _compare_speed(strategy, optimizer, batches, spec["steps"], spec["rounds"])
     report["peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     Path(spec["out"]).write_text(json.dumps(report))
+    # Ends the engine and the process group before the interpreter exits, as the Trainer does.
+    strategy.teardown()
     return 0
 
 
@@ -347,7 +349,9 @@ def _model_state_bytes(engine: Any) -> int:
     optimizer = engine.basic_optimizer
     for group in optimizer.param_groups:
         tensors.extend(group["params"])
-    for state in optimizer.state.values():
+    for flat, state in optimizer.state.items():
+        # Stage 3 hands its fp32 partitions to the optimizer only during a step; they key its state.
+        tensors.append(flat)
         tensors.extend(value for value in state.values() if isinstance(value, torch.Tensor))
     storages = {}
     for tensor in tensors:
