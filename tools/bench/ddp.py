@@ -66,7 +66,7 @@ WORKLOADS = {
         "transformer",
         "transformer encoder, 4 layers, d_model 256, 4 heads, seq 64, batch 16 per process",
         16,
-        12,
+        32,
         2,
         0.97,
     ),
