@@ -1,4 +1,4 @@
-"""The core conformance kit, applied to ddp and ddp_spawn (the two launch paths)."""
+"""The core conformance kit, applied to ddp (ddp_spawn and ddp_fork: test_ddp_trainer_equivalence.py)."""
 
 import pytest
 
@@ -9,11 +9,5 @@ pytestmark = pytest.mark.distributed
 
 class TestDDPConforms(StrategyConformance):
     strategy = "ddp"
-    devices = 2
-    timeout = 300
-
-
-class TestDDPSpawnConforms(StrategyConformance):
-    strategy = "ddp_spawn"
     devices = 2
     timeout = 300
