@@ -222,3 +222,11 @@ def test_a_command_that_cannot_be_rerun_is_refused_before_any_rank_starts(monkey
     launcher = SubprocessLauncher(LocalEnvironment(), num_processes=2, num_nodes=1)
     with pytest.raises(RuntimeError, match=r"cannot be re-run .* use a strategy that forks or spawns"):
         launcher.launch(print)
+
+
+@pytest.mark.parametrize("start_method", ["spawn", "fork"])
+def test_ranks_started_by_a_scheduler_run_in_place_whatever_the_start_method(monkeypatch, start_method):
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    launcher = create_launcher(start_method, LocalEnvironment(), 2, 1)
+    assert launcher.caller_is_worker
+    assert launcher.launch(lambda value: value * 2, 21) == 42

@@ -133,9 +133,10 @@ def test_two_nodes_on_one_machine_train_together(reference, tmp_path):
     _assert_weights_close(_weights(tmp_path, "fit"), _weights(reference, "fit"))
 
 
-def test_torchrun_ranks_join_through_the_torchelastic_environment(reference, tmp_path):
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone"]
-    command += [str(JOB), "--strategy", "ddp", "--devices", "2", "--out", str(tmp_path), "--scenarios", "fit,evaluate"]
+@pytest.mark.parametrize("strategy", ["ddp", "ddp_spawn"])
+def test_torchrun_ranks_join_through_the_torchelastic_environment(reference, tmp_path, strategy):
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone", str(JOB)]
+    command += ["--strategy", strategy, "--devices", "2", "--out", str(tmp_path), "--scenarios", "fit,evaluate"]
     completed = subprocess.run(command, env=_environment(), capture_output=True, text=True, timeout=240)
     assert completed.returncode == 0, completed.stdout + completed.stderr
     _assert_weights_close(_weights(tmp_path, "fit"), _weights(reference, "fit"))

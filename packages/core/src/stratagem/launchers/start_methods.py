@@ -5,6 +5,7 @@ from __future__ import annotations
 import multiprocessing
 
 from stratagem.environments.cluster_environment import ClusterEnvironment
+from stratagem.launchers.in_process import InProcessLauncher
 from stratagem.launchers.launcher import Launcher
 from stratagem.launchers.multiprocessing_launcher import MultiprocessingLauncher
 from stratagem.launchers.subprocess_launcher import SubprocessLauncher
@@ -31,8 +32,15 @@ def check_start_method(start_method: object, option: str = "start_method") -> st
 def create_launcher(
     start_method: str, cluster_environment: ClusterEnvironment, num_processes: int, num_nodes: int
 ) -> Launcher:
-    """The launcher that starts ``num_processes`` local ranks of a ``num_nodes``-node job with ``start_method``."""
+    """The launcher that starts ``num_processes`` local ranks of a ``num_nodes``-node job with ``start_method``.
+
+    Where something else already started every rank (torchrun, srun, mpirun), each process
+    runs as the rank it is, whatever ``start_method`` says.
+    """
     check_start_method(start_method)
     if start_method == "popen":
+        # Also the path of the ranks it starts itself, which must know they were started.
         return SubprocessLauncher(cluster_environment, num_processes, num_nodes)
+    if cluster_environment.creates_processes_externally:
+        return InProcessLauncher()
     return MultiprocessingLauncher(cluster_environment, num_processes, num_nodes, start_method)
