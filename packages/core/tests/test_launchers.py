@@ -230,3 +230,19 @@ def test_ranks_started_by_a_scheduler_run_in_place_whatever_the_start_method(mon
     launcher = create_launcher(start_method, LocalEnvironment(), 2, 1)
     assert launcher.caller_is_worker
     assert launcher.launch(lambda value: value * 2, 21) == 42
+
+
+def test_rank_failed_error_names_the_rank_and_survives_pickling():
+    import pickle
+
+    from stratagem.launchers import RankFailedError, RankFailure
+
+    error = RankFailedError(
+        RankFailure(1, 4242, "was killed by SIGKILL"),
+        [RankFailure(0, 4241, "raised an exception", "Traceback ...\nRuntimeError: Connection closed by peer")],
+    )
+    copy = pickle.loads(pickle.dumps(error))
+    assert copy.rank == 1
+    assert str(copy) == str(error)
+    assert str(error).splitlines()[0] == "rank 1 (pid 4242) was killed by SIGKILL; every other rank was ended."
+    assert "Also failed after it: rank 0 (pid 4241) raised an exception. RuntimeError: Connection closed" in str(error)
