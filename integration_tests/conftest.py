@@ -1,4 +1,3 @@
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -22,9 +21,18 @@ def installed_plugins(tmp_path_factory):
     processes through ``PYTHONPATH``. Removed with the session's temporary directory.
     """
     target = tmp_path_factory.mktemp("installed_plugins")
-    command = [sys.executable, "-m", "pip", "install", "--no-deps", "--quiet", "--target", str(target)]
-    if importlib.util.find_spec("poetry.core") is not None:
-        # The build backend is already here; an isolated build would fetch it from the index.
-        command.append("--no-build-isolation")
+    # The integration env installs the build backend (poetry-core): building without isolation
+    # then needs nothing from the package index.
+    command = [
+        sys.executable,
+        "-m",
+        "pip",
+        "install",
+        "--no-deps",
+        "--no-build-isolation",
+        "--quiet",
+        "--target",
+        str(target),
+    ]
     subprocess.run([*command, *map(str, PLUGIN_SOURCES)], check=True, timeout=300)
     return target
