@@ -12,8 +12,21 @@ import warnings
 
 import pytest
 import torch
-from deepspeed_testing import OP_BUILD_TIMEOUT, create_strategy, reference_run, set_up, train, train_steps, worker_pool
+from deepspeed_testing import (
+    OP_BUILD_TIMEOUT,
+    RegressionNet,
+    create_strategy,
+    global_batches,
+    initial_weights,
+    rank_slice,
+    reference_run,
+    set_up,
+    train,
+    train_steps,
+    worker_pool,
+)
 
+from stratagem.checkpoint_io import TorchCheckpointIO
 from stratagem.strategies import LoopSettings
 from stratagem_deepspeed.registration import STRATEGY_ALIASES
 
@@ -188,6 +201,29 @@ def _clipping_run(clip: float | None) -> float:
 def test_the_trainers_gradient_clip_val_reaches_the_engine(workers):
     assert workers.run(_clipping_run, 0.5)[0] == 0.5
     assert workers.run(_clipping_run, None)[0] == 0.0
+
+
+def _evaluate_without_fit(alias: str, checkpoint: str) -> tuple[float, dict[str, torch.Tensor]]:
+    # What Trainer.validate(ckpt_path=...) does: no optimizer, weights loaded, then steps run.
+    strategy = create_strategy(alias)
+    with strategy.module_init_context(empty_init=True):
+        model = RegressionNet()
+    strategy.setup_module(model)
+    strategy.load_checkpoint(checkpoint, {"module": model})
+    batch = strategy.batch_to_device(rank_slice(global_batches(1)[0], strategy.global_rank))
+    with torch.no_grad():
+        loss = strategy.run_step("training_step", batch)
+    return strategy.reduce(loss.float(), "mean").item(), strategy.module_full_state_dict()
+
+
+@pytest.mark.parametrize("alias", ["deepspeed_stage_2", "deepspeed_stage_3"])
+def test_evaluation_without_fit_runs_on_an_engine_without_optimizer(workers, reference, tmp_path, alias):
+    weights = initial_weights()
+    TorchCheckpointIO().save_checkpoint({"module": weights}, tmp_path / "initial.pt")
+    loss, gathered = workers.run(_evaluate_without_fit, alias, str(tmp_path / "initial.pt"))[0]
+    assert loss == pytest.approx(reference[0][0], abs=1e-6), "the loss of the initial weights on the first batch"
+    for name, value in weights.items():
+        assert torch.equal(gathered[name], value), name
 
 
 def _second_optimizer_error() -> str:

@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from deepspeed import DeepSpeedEngine
 
 
-def gather_module_state(module: nn.Module, engine: DeepSpeedEngine | None) -> dict[str, torch.Tensor]:
+def gather_module_state(module: nn.Module) -> dict[str, torch.Tensor]:
     """The module's whole state on CPU, parameters in fp32 (the optimizer's master copy when there is
     one). A collective: every rank calls it, every rank gets the result."""
     deepspeed = import_deepspeed()
@@ -26,7 +26,7 @@ def gather_module_state(module: nn.Module, engine: DeepSpeedEngine | None) -> di
         if parameter is None:
             full[name] = value.detach().cpu()
             continue
-        gathered = deepspeed.utils.safe_get_full_fp32_param(parameter) if engine is not None else None
+        gathered = deepspeed.utils.safe_get_full_fp32_param(parameter) if _has_master_copy(parameter) else None
         if gathered is None:
             with deepspeed.zero.GatheredParameters([parameter]):
                 gathered = parameter.detach().to(torch.float32).clone()
@@ -34,9 +34,7 @@ def gather_module_state(module: nn.Module, engine: DeepSpeedEngine | None) -> di
     return full
 
 
-def load_module_state(
-    module: nn.Module, engine: DeepSpeedEngine | None, weights: Mapping[str, torch.Tensor], strict: bool
-) -> None:
+def load_module_state(module: nn.Module, weights: Mapping[str, torch.Tensor], strict: bool) -> None:
     """Load whole weights (every rank has them) into the module's partitions and the optimizer's master copy."""
     deepspeed = import_deepspeed()
     missing = sorted(set(module.state_dict()) - set(weights))
@@ -50,12 +48,15 @@ def load_module_state(
     # Every rank reads the same weights; at stage 3 rank 0's copy is the one re-partitioned.
     with deepspeed.zero.GatheredParameters(list(named.values()), modifier_rank=0):
         module.load_state_dict(dict(weights), strict=False)
-    if engine is None:
-        return
     for name, parameter in named.items():
-        if name in weights:
+        if name in weights and _has_master_copy(parameter):
             # The optimizer's fp32 master copy, which the next step would otherwise copy back.
             deepspeed.utils.safe_set_full_fp32_param(parameter, weights[name].to(torch.float32))
+
+
+def _has_master_copy(parameter: nn.Parameter) -> bool:
+    """Whether a ZeRO optimizer keeps an fp32 master copy of ``parameter`` (not so without an optimizer)."""
+    return hasattr(parameter, "_z3_optimizer") or getattr(parameter, "_hp_mapping", None) is not None
 
 
 def load_optimizer_state(

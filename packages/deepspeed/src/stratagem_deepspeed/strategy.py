@@ -479,7 +479,7 @@ class DeepSpeedStrategy(ParallelStrategy):
         remaining = dict(checkpoint)
         for key, target in state.items():
             if isinstance(target, nn.Module):
-                load_module_state(self.module, self._engine, remaining.pop(key), strict)
+                load_module_state(self.module, remaining.pop(key), strict)
             elif _is_optimizers(target):
                 saved = remaining.pop(key, None)
                 # Optimizer state swapped to NVMe exists only in DeepSpeed's own swap files.
@@ -496,7 +496,7 @@ class DeepSpeedStrategy(ParallelStrategy):
         return remaining
 
     def module_full_state_dict(self) -> dict[str, Any]:
-        full = gather_module_state(self.module, self._engine)
+        full = gather_module_state(self.module)
         return full if self.is_global_zero else {}
 
     def teardown(self) -> None:
