@@ -55,8 +55,12 @@ def load_module_state(module: nn.Module, weights: Mapping[str, torch.Tensor], st
 
 
 def _has_master_copy(parameter: nn.Parameter) -> bool:
-    """Whether a ZeRO optimizer keeps an fp32 master copy of ``parameter`` (not so without an optimizer)."""
-    return hasattr(parameter, "_z3_optimizer") or getattr(parameter, "_hp_mapping", None) is not None
+    """Whether a ZeRO optimizer keeps an fp32 master copy of ``parameter`` (not so without an optimizer).
+
+    At stages 1-2 every rank takes part in gathering it, also a rank whose slice of the parameter is
+    empty (``_hp_mapping`` set to ``None``): testing the value instead of the attribute would hang.
+    """
+    return hasattr(parameter, "_z3_optimizer") or hasattr(parameter, "_hp_mapping")
 
 
 def load_optimizer_state(
