@@ -332,8 +332,13 @@ class Trainer:
                     check_splittable(loader, name)
         module.trainer = self
         launcher = self.strategy.launcher
-        output: WorkerOutput = launcher.launch(self._run_in_worker, stage, module, loaders, checkpoint, weights_only)
-        if not launcher.caller_is_worker:
+        # Decided here, in the caller: inside a started worker the strategy sees ranks that already
+        # exist and would pick an in-place launcher, which says nothing about who called.
+        returns_to_caller = not launcher.caller_is_worker
+        output: WorkerOutput = launcher.launch(
+            self._run_in_worker, stage, module, loaders, checkpoint, weights_only, returns_to_caller
+        )
+        if returns_to_caller:
             output.apply(self, module)
         return output
 
@@ -346,6 +351,7 @@ class Trainer:
         loaders: list[list[Iterable[Any]]],
         checkpoint: str | None,
         weights_only: bool,
+        returns_to_caller: bool,
     ) -> WorkerOutput:
         strategy = self.strategy
         module.trainer = self
@@ -356,7 +362,7 @@ class Trainer:
         deterministic_before = torch.are_deterministic_algorithms_enabled()
         status = "failed"
         try:
-            if not strategy.launcher.caller_is_worker:
+            if returns_to_caller:
                 _make_tensors_private(module)
             strategy.setup_environment()
             if self.settings.deterministic:
@@ -385,7 +391,7 @@ class Trainer:
                     predictions = run_prediction(self, module, data, self.settings.limit_predict_batches)
                 else:
                     results = self._evaluate(module, stage, data)
-            output = WorkerOutput.collect(self, results, predictions)
+            output = WorkerOutput.collect(self, results, predictions, returns_to_caller)
             status = "success"
             return output
         except BaseException as exception:

@@ -30,9 +30,11 @@ class WorkerOutput:
     module_state: dict[str, torch.Tensor] | None = None
 
     @classmethod
-    def collect(cls, trainer: Trainer, results: list[dict[str, float]], predictions: Any) -> WorkerOutput:
+    def collect(
+        cls, trainer: Trainer, results: list[dict[str, float]], predictions: Any, returns_to_caller: bool
+    ) -> WorkerOutput:
         """Gather the outcome. Call on every rank: sharded strategies gather the weights collectively."""
-        if trainer.strategy.launcher.caller_is_worker:
+        if not returns_to_caller:
             # The caller's objects are the worker's: only the return values are needed.
             return cls(results=results, predictions=predictions)
         return cls(
