@@ -67,6 +67,13 @@ JOB = textwrap.dedent(
 )
 
 
+def _interruptible():
+    # CI runners start jobs in the background of a non-interactive shell, where SIGINT arrives
+    # ignored and stays ignored across exec: Ctrl-C could then never reach the job. Give it the
+    # disposition an interactive terminal gives, which is what these tests are about.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.fixture
 def job(tmp_path):
     """Write the job as a script and as a ``python -m`` package; return a function that starts it."""
@@ -89,6 +96,7 @@ def job(tmp_path):
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
+            preexec_fn=_interruptible,
         )
         process.tag = tag
         process.out = out
