@@ -133,6 +133,9 @@ def _merge_stage_3(shards: list[dict[str, Any]], groups: list[dict[str, torch.Si
     # Every parameter is split into world_size equal (padded) parts; rank r's flat buffers hold
     # part r of each parameter, one after the other in DeepSpeed's recorded order.
     world_size = len(shards)
+    if not shards[0]["optimizer_state_dict"]["state"]:
+        # A stateless optimizer (SGD without momentum) keeps nothing per parameter.
+        return [{} for shapes in groups for _ in shapes]
     flat_by_rank = []
     for shard in shards:
         states = shard["optimizer_state_dict"]["state"]
