@@ -16,7 +16,6 @@ from torch.optim import Optimizer
 from stratagem.accelerators import Accelerator
 from stratagem.checkpoint_io import CheckpointIO
 from stratagem.environments.cluster_environment import ClusterEnvironment
-from stratagem.launchers import Launcher, check_start_method, create_launcher
 from stratagem.precision import Precision
 from stratagem.strategies import LoopSettings, ParallelStrategy
 from stratagem.strategies.parallel import DEFAULT_TIMEOUT
@@ -77,8 +76,8 @@ class DDPStrategy(ParallelStrategy):
             cluster_environment=cluster_environment,
             process_group_backend=process_group_backend,
             timeout=timeout,
+            start_method=start_method,
         )
-        self.start_method = check_start_method(start_method)
         for option, value in (
             ("find_unused_parameters", find_unused_parameters),
             ("static_graph", static_graph),
@@ -109,27 +108,9 @@ class DDPStrategy(ParallelStrategy):
         self.ddp_comm_hook = ddp_comm_hook
         self.ddp_comm_wrapper = ddp_comm_wrapper
         self.model_averaging_period = model_averaging_period
-        self._launcher: Launcher | None = None
         self._model_averager: Any = None
 
-    def configure(
-        self,
-        *,
-        accelerator: Accelerator,
-        devices: list[torch.device],
-        num_nodes: int,
-        precision: Precision,
-        checkpoint_io: CheckpointIO | None,
-        cluster_environment: ClusterEnvironment,
-    ) -> None:
-        super().configure(
-            accelerator=accelerator,
-            devices=devices,
-            num_nodes=num_nodes,
-            precision=precision,
-            checkpoint_io=checkpoint_io,
-            cluster_environment=cluster_environment,
-        )
+    def complete_configuration(self) -> None:
         check_comm_hook_options(
             hook=self.ddp_comm_hook,
             wrapper=self.ddp_comm_wrapper,
@@ -138,7 +119,6 @@ class DDPStrategy(ParallelStrategy):
             bucket_cap_mb=self.bucket_cap_mb,
             model_averaging_period=self.model_averaging_period,
         )
-        self._launcher = create_launcher(self.start_method, self._environment, self.num_processes, self.num_nodes)
 
     def connect_loop_settings(self, settings: LoopSettings) -> None:
         if self.static_graph and settings.accumulate_grad_batches > 1:
@@ -148,12 +128,6 @@ class DDPStrategy(ParallelStrategy):
                 "accumulate_grad_batches=1 or static_graph=False."
             )
         super().connect_loop_settings(settings)
-
-    @property
-    def launcher(self) -> Launcher:
-        if self._launcher is None:
-            raise RuntimeError(f"{type(self).__name__} has no launcher yet; create it with stratagem.resolve().")
-        return self._launcher
 
     def setup_module(self, module: nn.Module) -> nn.Module:
         module = super().setup_module(module)

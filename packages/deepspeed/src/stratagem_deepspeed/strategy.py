@@ -18,7 +18,6 @@ from torch.optim import Optimizer
 from stratagem.accelerators import Accelerator
 from stratagem.checkpoint_io import CheckpointIO, PathLike
 from stratagem.environments.cluster_environment import ClusterEnvironment
-from stratagem.launchers import Launcher, check_start_method, create_launcher
 from stratagem.precision import Precision
 from stratagem.strategies import LoopSettings, ParallelStrategy
 from stratagem.strategies._init_contexts import skip_parameter_init
@@ -107,6 +106,7 @@ class DeepSpeedStrategy(ParallelStrategy):
             cluster_environment=cluster_environment,
             process_group_backend=process_group_backend,
             timeout=timeout,
+            start_method=start_method,
         )
         if remote_device not in (None, "cpu", "nvme"):
             raise ValueError(
@@ -130,33 +130,14 @@ class DeepSpeedStrategy(ParallelStrategy):
         self.user_config = load_config(config)
         self.logging_level = logging_level
         self.save_full_weights = save_full_weights
-        self.start_method = check_start_method(start_method)
         self._loop_settings_connected = False
         self._config: dict[str, Any] | None = None
-        self._launcher: Launcher | None = None
         self._engine: DeepSpeedEngine | None = None
         self._parameter_groups: list[list[nn.Parameter]] = []
 
     # -- wiring (calling process) -------------------------------------------------------------
 
-    def configure(
-        self,
-        *,
-        accelerator: Accelerator,
-        devices: list[torch.device],
-        num_nodes: int,
-        precision: Precision,
-        checkpoint_io: CheckpointIO | None,
-        cluster_environment: ClusterEnvironment,
-    ) -> None:
-        super().configure(
-            accelerator=accelerator,
-            devices=devices,
-            num_nodes=num_nodes,
-            precision=precision,
-            checkpoint_io=checkpoint_io,
-            cluster_environment=cluster_environment,
-        )
+    def complete_configuration(self) -> None:
         select_deepspeed_accelerator(self.accelerator.device_type)
         self._reconcile()
         check_config_with_deepspeed(self.config)
@@ -165,7 +146,6 @@ class DeepSpeedStrategy(ParallelStrategy):
             problem = async_io_problem()
             if problem is not None:
                 raise RuntimeError(problem)
-        self._launcher = create_launcher(self.start_method, self._environment, self.num_processes, self.num_nodes)
 
     def _check_nvme_path(self) -> None:
         zero = self.config.get("zero_optimization", {})
@@ -210,12 +190,6 @@ class DeepSpeedStrategy(ParallelStrategy):
     @property
     def zero_stage(self) -> int:
         return zero_stage(self.config)
-
-    @property
-    def launcher(self) -> Launcher:
-        if self._launcher is None:
-            raise RuntimeError("DeepSpeedStrategy has no launcher yet; create it with stratagem.resolve().")
-        return self._launcher
 
     @property
     def checkpoint_io(self) -> CheckpointIO:

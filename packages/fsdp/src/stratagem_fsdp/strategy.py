@@ -28,7 +28,6 @@ from torch.utils._pytree import tree_map
 from stratagem.accelerators import Accelerator
 from stratagem.checkpoint_io import CheckpointIO, PathLike, read_full_checkpoint
 from stratagem.environments.cluster_environment import ClusterEnvironment
-from stratagem.launchers import Launcher, check_start_method, create_launcher
 from stratagem.precision import Precision
 from stratagem.strategies import ParallelStrategy
 from stratagem.strategies.parallel import DEFAULT_TIMEOUT
@@ -103,6 +102,7 @@ class FSDPStrategy(ParallelStrategy):
             cluster_environment=cluster_environment,
             process_group_backend=process_group_backend,
             timeout=timeout,
+            start_method=start_method,
         )
         self.sharding_strategy = sharding_strategy_name(sharding_strategy)
         self.state_dict_type = check_state_dict_type(state_dict_type)
@@ -113,32 +113,13 @@ class FSDPStrategy(ParallelStrategy):
         self._activation_checkpointing = ModuleSelector.from_option(
             "activation_checkpointing_policy", activation_checkpointing_policy
         )
-        self.start_method = check_start_method(start_method)
         self._fully_shard_kwargs = check_fully_shard_kwargs(kwargs)
         self._layout: ShardingLayout | None = None
         self._offload_policy: OffloadPolicy | None = None
         self._device_mesh: DeviceMesh | None = None
-        self._launcher: Launcher | None = None
         self._weights_will_be_loaded = False
 
-    def configure(
-        self,
-        *,
-        accelerator: Accelerator,
-        devices: list[torch.device],
-        num_nodes: int,
-        precision: Precision,
-        checkpoint_io: CheckpointIO | None,
-        cluster_environment: ClusterEnvironment,
-    ) -> None:
-        super().configure(
-            accelerator=accelerator,
-            devices=devices,
-            num_nodes=num_nodes,
-            precision=precision,
-            checkpoint_io=checkpoint_io,
-            cluster_environment=cluster_environment,
-        )
+    def complete_configuration(self) -> None:
         self._layout = sharding_layout(
             self.sharding_strategy, self.num_processes * self.num_nodes, self.num_nodes, self._device_mesh_shape
         )
@@ -149,12 +130,6 @@ class FSDPStrategy(ParallelStrategy):
                 "DistributedCheckpointIO writes sharded directories from every rank; use state_dict_type='sharded' "
                 "or another checkpoint IO."
             )
-
-    @property
-    def launcher(self) -> Launcher:
-        if self._launcher is None:
-            self._launcher = create_launcher(self.start_method, self._environment, self.num_processes, self.num_nodes)
-        return self._launcher
 
     @property
     def checkpoint_is_directory(self) -> bool:

@@ -14,6 +14,7 @@ import torch.distributed as dist
 from stratagem.accelerators import Accelerator
 from stratagem.checkpoint_io import CheckpointIO
 from stratagem.environments.cluster_environment import ClusterEnvironment
+from stratagem.launchers import Launcher, check_start_method, create_launcher
 from stratagem.precision import Precision
 from stratagem.strategies.strategy import ReduceOp, Strategy
 
@@ -48,8 +49,11 @@ class ParallelStrategy(Strategy, ABC):
         cluster_environment: ClusterEnvironment | None = None,
         process_group_backend: str | None = None,
         timeout: timedelta | float = DEFAULT_TIMEOUT,
+        start_method: str = "popen",
     ) -> None:
         super().__init__(accelerator=accelerator, precision=precision, checkpoint_io=checkpoint_io)
+        self.start_method = check_start_method(start_method)
+        self._launcher: Launcher | None = None
         self.parallel_devices = parallel_devices
         self.cluster_environment = cluster_environment
         self._process_group_backend = process_group_backend
@@ -74,6 +78,20 @@ class ParallelStrategy(Strategy, ABC):
         self.num_nodes = num_nodes
         self.cluster_environment.validate_settings(len(self.parallel_devices), num_nodes)
         self._set_world_ranks()
+        self.complete_configuration()
+
+    def complete_configuration(self) -> None:
+        """Finish and check the strategy's own settings once :meth:`configure` has the connector's values.
+
+        Raise ``ValueError`` on what cannot work; this still runs in the calling process, before launch.
+        """
+
+    @property
+    def launcher(self) -> Launcher:
+        """Started by ``start_method``: ``"popen"`` re-runs the command per rank; the others use multiprocessing."""
+        if self._launcher is None:
+            self._launcher = create_launcher(self.start_method, self._environment, self.num_processes, self.num_nodes)
+        return self._launcher
 
     def _set_world_ranks(self) -> None:
         # Only environments without a scheduler (local) take these; others read their variables.
