@@ -6,6 +6,7 @@ import multiprocessing
 import os
 import pickle
 import sys
+import time
 import traceback
 from collections.abc import Callable
 from multiprocessing.connection import Connection, wait
@@ -93,11 +94,15 @@ class MultiprocessingLauncher(Launcher):
         )
 
 
+FAILURE_GRACE_SECONDS = 2.0
+"""After a rank fails, how long the others get to report a failure of their own that came first."""
+
+
 class _Rank:
     def __init__(self, process: BaseProcess, connection: Connection) -> None:
         self.process = process
         self.connection = connection
-        self.report: tuple[str, Any] | None = None
+        self.report: tuple[Any, ...] | None = None
 
 
 def _supervise(ranks: dict[int, _Rank], result_rank: int) -> Any:
@@ -110,7 +115,7 @@ def _supervise(ranks: dict[int, _Rank], result_rank: int) -> Any:
                 waitables[state.connection] = rank
             waitables[state.process.sentinel] = rank
         ready = wait(list(waitables))
-        failures: list[RankFailure] = []
+        failures: list[tuple[RankFailure, float]] = []
         for rank in sorted({waitables[item] for item in ready}):
             state = running[rank]
             _receive_report(state)
@@ -122,12 +127,38 @@ def _supervise(ranks: dict[int, _Rank], result_rank: int) -> Any:
                 failures.append(failure)
             del running[rank]
         if failures:
-            # A rank killed without a report is the likelier cause of a peer's error in the same moment.
-            failures.sort(key=lambda failure: failure.traceback_text is not None)
-            raise RankFailedError(failures[0], failures[1:])
+            # The rank that failed first is the cause; its report may still be on its way while a
+            # peer's consequential error (a closed connection) arrived first.
+            failures += _failures_within_grace(running)
+            raise RankFailedError(*_cause_first(failures))
     report = ranks[result_rank].report
     assert report is not None
     return pickle.loads(report[1])
+
+
+def _failures_within_grace(running: dict[int, _Rank]) -> list[tuple[RankFailure, float]]:
+    late: list[tuple[RankFailure, float]] = []
+    deadline = time.monotonic() + FAILURE_GRACE_SECONDS
+    while running and time.monotonic() < deadline:
+        for rank, state in list(running.items()):
+            _receive_report(state)
+            finished = not state.process.is_alive()
+            if (state.report is not None and state.report[0] == "error") or finished:
+                if finished:
+                    state.process.join()
+                failure = _failure_of(rank, state)
+                if failure is not None:
+                    late.append(failure)
+                del running[rank]
+        time.sleep(0.05)
+    return late
+
+
+def _cause_first(failures: list[tuple[RankFailure, float]]) -> tuple[RankFailure, list[RankFailure]]:
+    # A rank killed without a report is the likelier cause of a peer's error in the same moment;
+    # among ranks that reported, the earliest failure came first.
+    ordered = sorted(failures, key=lambda item: (item[0].traceback_text is not None, item[1]))
+    return ordered[0][0], [failure for failure, _ in ordered[1:]]
 
 
 def _receive_report(state: _Rank) -> None:
@@ -140,14 +171,16 @@ def _receive_report(state: _Rank) -> None:
         state.connection.close()
 
 
-def _failure_of(rank: int, state: _Rank) -> RankFailure | None:
+def _failure_of(rank: int, state: _Rank) -> tuple[RankFailure, float] | None:
+    """The rank's failure and when it happened (now, for a rank that died without reporting)."""
+    if state.report is not None and state.report[0] == "error":
+        _, traceback_text, failed_at = state.report
+        return RankFailure(rank, state.process.pid, "raised an exception", traceback_text), failed_at
     exitcode = state.process.exitcode
     assert exitcode is not None
-    if state.report is not None and state.report[0] == "error":
-        return RankFailure(rank, state.process.pid, "raised an exception", state.report[1])
     if state.report is None or exitcode != 0:
         reason = describe_exit(exitcode) + ("" if state.report is None else " after finishing")
-        return RankFailure(rank, state.process.pid, reason)
+        return RankFailure(rank, state.process.pid, reason), time.time()
     return None
 
 
@@ -168,7 +201,7 @@ def _run_rank(
         returned = result if environment["LOCAL_RANK"] == "0" else None
         payload = pickle.dumps(("ok", pickle.dumps(returned)))
     except BaseException:
-        connection.send_bytes(pickle.dumps(("error", traceback.format_exc())))
+        connection.send_bytes(pickle.dumps(("error", traceback.format_exc(), time.time())))
         connection.close()
         sys.exit(1)
     connection.send_bytes(payload)
