@@ -16,6 +16,7 @@ from stratagem.checkpoint_io import CheckpointIO
 from stratagem.environments.cluster_environment import ClusterEnvironment
 from stratagem.launchers import Launcher, check_start_method, create_launcher
 from stratagem.precision import Precision
+from stratagem.strategies._backend_threads import wait_for_idle_gloo_workers
 from stratagem.strategies.strategy import ReduceOp, Strategy
 
 DEFAULT_TIMEOUT = timedelta(minutes=30)
@@ -233,6 +234,7 @@ class ParallelStrategy(Strategy, ABC):
         super().teardown()
         if dist.is_available() and dist.is_initialized():
             dist.destroy_process_group()
+            wait_for_idle_gloo_workers()
         if self.cluster_environment is not None:
             self.cluster_environment.teardown()
 

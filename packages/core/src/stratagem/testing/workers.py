@@ -18,6 +18,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from stratagem.environments.local import find_free_port
+from stratagem.strategies._backend_threads import wait_for_idle_gloo_workers
 
 
 class WorkerError(RuntimeError):
@@ -182,3 +183,4 @@ def _worker_main(
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+            wait_for_idle_gloo_workers()
