@@ -182,3 +182,40 @@ def test_samplers_of_the_original_loader_are_untouched(tmp_path):
     quiet_trainer(tmp_path, strategy=_SplittingStrategy(), max_steps=1).fit(ClassifierModule(), loader)
     assert isinstance(loader.sampler, RandomSampler)
     assert isinstance(make_loader().sampler, SequentialSampler)
+
+
+class _BatchSizeRecorder(SingleDeviceStrategy):
+    def __init__(self) -> None:
+        super().__init__()
+        self.at_environment_setup: list[int | None] = []
+
+    def setup_environment(self) -> None:
+        self.at_environment_setup.append(self.loop_settings.train_batch_size)
+        super().setup_environment()
+
+
+def test_the_strategy_learns_the_training_batch_size_before_the_run_starts(tmp_path):
+    strategy = _BatchSizeRecorder()
+    trainer = quiet_trainer(tmp_path, strategy=strategy, max_steps=1)
+    assert strategy.loop_settings.train_batch_size is None
+    trainer.fit(ClassifierModule(), make_loader(batch_size=4))
+    assert strategy.at_environment_setup == [4]
+    trainer.fit(ClassifierModule(), make_loader(batch_size=2), ckpt_path=None)
+    assert strategy.at_environment_setup == [4, 2]
+
+
+def test_a_batch_size_from_the_modules_own_dataloader_reaches_the_strategy_before_its_optimizers(tmp_path):
+    strategy = _BatchSizeRecorder()
+    seen_at_optimizers = []
+
+    class OwnData(ClassifierModule):
+        def train_dataloader(self):
+            return make_loader(batch_size=16)
+
+        def configure_optimizers(self):
+            seen_at_optimizers.append(strategy.loop_settings.train_batch_size)
+            return super().configure_optimizers()
+
+    quiet_trainer(tmp_path, strategy=strategy, max_steps=1).fit(OwnData())
+    assert strategy.at_environment_setup == [None]
+    assert seen_at_optimizers == [16]

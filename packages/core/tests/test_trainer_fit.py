@@ -105,6 +105,9 @@ class _RecordingStrategy(SingleDeviceStrategy):
 class _CountingStrategy(_RecordingStrategy):
     handles_gradient_accumulation = True
 
+    def set_accumulation_boundary(self, is_boundary: bool) -> None:
+        self.calls.append(f"boundary={is_boundary}")
+
 
 def test_accumulation_skips_gradient_sync_except_on_the_last_micro_batch_and_clips_before_stepping(tmp_path):
     strategy = _RecordingStrategy()
@@ -134,8 +137,18 @@ def test_a_strategy_that_accumulates_itself_gets_backward_and_step_on_every_batc
     strategy = _CountingStrategy()
     trainer = quiet_trainer(tmp_path, strategy=strategy, max_steps=1, accumulate_grad_batches=2)
     trainer.fit(ClassifierModule(), make_loader())
-    assert strategy.calls == ["backward", "step", "backward", "step", "zero_grad"]
+    assert strategy.calls == ["boundary=False", "backward", "step", "boundary=True", "backward", "step", "zero_grad"]
     assert trainer.global_step == 1
+
+
+def test_a_strategy_that_accumulates_itself_is_told_the_window_ends_early_at_the_end_of_an_epoch(tmp_path):
+    strategy = _CountingStrategy()
+    trainer = quiet_trainer(tmp_path, strategy=strategy, max_epochs=2, accumulate_grad_batches=3)
+    trainer.fit(ClassifierModule(), make_loader(num_samples=32, batch_size=8))
+    boundaries = [call for call in strategy.calls if call.startswith("boundary")]
+    # Four batches an epoch: a full window of three, then a window of one that the epoch cuts short.
+    assert boundaries == 2 * ["boundary=False", "boundary=False", "boundary=True", "boundary=True"]
+    assert trainer.global_step == 4
 
 
 def test_gradient_clipping_by_norm_bounds_the_gradient_the_optimizer_sees(tmp_path):

@@ -100,3 +100,20 @@ def test_reduce_on_plateau_follows_a_validation_metric_during_fit(tmp_path):
     trainer.fit(module, make_loader(), make_loader())
     assert trainer.optimizers[0].param_groups[0]["lr"] == 0.5**3  # no epoch improves by 1000%
     assert module.lr_schedulers()[0] is trainer.lr_scheduler_configs[0].scheduler
+
+
+def test_a_strategy_limiting_schedulers_refuses_more_with_the_limit_named(tmp_path):
+    from stratagem.strategies import SingleDeviceStrategy
+
+    class OneScheduler(SingleDeviceStrategy):
+        max_lr_schedulers = 1
+
+    class TwoSchedulers(ClassifierModule):
+        def configure_optimizers(self):
+            optimizer = torch.optim.SGD(self.parameters(), lr=1.0)
+            schedulers = [torch.optim.lr_scheduler.StepLR(optimizer, 1), torch.optim.lr_scheduler.StepLR(optimizer, 2)]
+            return [optimizer], schedulers
+
+    trainer = quiet_trainer(tmp_path, strategy=OneScheduler(), max_steps=1)
+    with pytest.raises(ValueError, match=r"OneScheduler supports at most 1 learning-rate scheduler.*returned 2"):
+        trainer.fit(TwoSchedulers(), make_loader())

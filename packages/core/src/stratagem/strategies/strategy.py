@@ -30,6 +30,9 @@ class LoopSettings:
     accumulate_grad_batches: int = 1
     gradient_clip_val: float | None = None
     gradient_clip_algorithm: Literal["norm", "value"] = "norm"
+    train_batch_size: int | None = None
+    """The training dataloader's batch size per process, once a run knows it (``None`` before, or when the
+    loader has none, e.g. an iterable of ready-made batches)."""
 
 
 class Strategy(ABC):
@@ -46,6 +49,9 @@ class Strategy(ABC):
 
     max_optimizers: ClassVar[int | None] = None
     """How many optimizers :meth:`setup_optimizers` accepts; ``None`` means no limit."""
+
+    max_lr_schedulers: ClassVar[int | None] = None
+    """How many learning-rate schedulers :meth:`check_lr_schedulers` accepts; ``None`` means no limit."""
 
     def __init__(
         self,
@@ -133,7 +139,8 @@ class Strategy(ABC):
         return None
 
     def connect_loop_settings(self, settings: LoopSettings) -> None:
-        """Receive the Trainer's loop settings at construction; raise ``ValueError`` on a contradiction."""
+        """Receive the Trainer's loop settings: at construction, and again when a run learns its training
+        batch size (before any process starts where it can). Raise ``ValueError`` on a contradiction."""
         self.loop_settings = settings
 
     # -- ranks ------------------------------------------------------------------------------
@@ -194,6 +201,20 @@ class Strategy(ABC):
                 f"configure_optimizers returned {len(optimizers)}."
             )
         return optimizers
+
+    def check_lr_schedulers(self, schedulers: list[Any]) -> None:
+        """Refuse learning-rate schedulers the Trainer cannot step alongside this strategy (called after
+        :meth:`setup_optimizers` with the schedulers ``configure_optimizers`` returned)."""
+        if self.max_lr_schedulers is not None and len(schedulers) > self.max_lr_schedulers:
+            raise ValueError(
+                f"{type(self).__name__} supports at most {self.max_lr_schedulers} learning-rate scheduler(s); "
+                f"configure_optimizers returned {len(schedulers)}."
+            )
+
+    def set_accumulation_boundary(self, is_boundary: bool) -> None:
+        """Told before each training batch's backward when :attr:`handles_gradient_accumulation` is set:
+        whether the step after this batch ends an accumulation window. Windows are cut short at the end
+        of an epoch, which a strategy counting micro-batches itself cannot know."""
 
     @property
     def module(self) -> nn.Module:

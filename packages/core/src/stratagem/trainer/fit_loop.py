@@ -234,6 +234,8 @@ class FitLoop:
             with strategy.no_backward_sync(not boundary):
                 output, stepped_backward = self._forward_backward(batch, batch_idx)
         else:
+            if self.strategy_accumulates:
+                strategy.set_accumulation_boundary(boundary)
             output, stepped_backward = self._forward_backward(batch, batch_idx)
         progress.batches_in_epoch += 1
         progress.total_batches += 1

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import os
 from collections.abc import Iterable, Iterator
@@ -330,6 +331,9 @@ class Trainer:
             for group, name in zip(loaders, _ARGUMENT_NAMES[stage]):
                 for loader in group:
                     check_splittable(loader, name)
+        if stage == "fit" and loaders[0]:
+            # Known here when given to fit(): a strategy that must agree with it errs before any process starts.
+            self._connect_train_batch_size(loaders[0])
         module.trainer = self
         launcher = self.strategy.launcher
         # Decided here, in the caller: inside a started worker the strategy sees ranks that already
@@ -375,14 +379,20 @@ class Trainer:
                 module.configure_model()
             strategy.setup_module(module)
             if stage == "fit":
+                # Before the optimizers: an engine built with them (DeepSpeed) is sized by the batch.
+                train = self._loaders(module, "fit", loaders[0], required=True)
+                if len(train) != 1:
+                    raise ValueError(f"Trainer.fit() takes one training dataloader; got {len(train)}.")
+                self._connect_train_batch_size(train)
                 setup = parse_optimizers(module.configure_optimizers())
                 self.optimizers = strategy.setup_optimizers(setup.optimizers)
+                strategy.check_lr_schedulers([config.scheduler for config in setup.schedulers])
                 self.lr_scheduler_configs = setup.schedulers
             self._hooks.call("setup", self, module, stage)
             results: list[dict[str, float]] = []
             predictions = None
             if stage == "fit":
-                self._fit(module, loaders, checkpoint, weights_only)
+                self._fit(module, train[0], loaders[1], checkpoint, weights_only)
             else:
                 if checkpoint is not None:
                     restore_weights(self, module, checkpoint, weights_only)
@@ -411,16 +421,24 @@ class Trainer:
                 torch.use_deterministic_algorithms(deterministic_before)
 
     def _fit(
-        self, module: Module, loaders: list[list[Iterable[Any]]], checkpoint: str | None, weights_only: bool
+        self,
+        module: Module,
+        train: Iterable[Any],
+        given_val: list[Iterable[Any]],
+        checkpoint: str | None,
+        weights_only: bool,
     ) -> None:
-        train = self._loaders(module, "fit", loaders[0], required=True)
-        if len(train) != 1:
-            raise ValueError(f"Trainer.fit() takes one training dataloader; got {len(train)}.")
-        val = self._loaders(module, "validate", loaders[1], required=False)
+        val = self._loaders(module, "validate", given_val, required=False)
         checkpoint_rng = None
         if checkpoint is not None:
             checkpoint_rng = restore_fit(self, module, checkpoint, weights_only).get("rng")
-        FitLoop(self, module, train[0], val).run(checkpoint_rng)
+        FitLoop(self, module, train, val).run(checkpoint_rng)
+
+    def _connect_train_batch_size(self, train: list[Iterable[Any]]) -> None:
+        size = getattr(train[0], "batch_size", None) if len(train) == 1 else None
+        size = size if isinstance(size, int) else None
+        if size != self.strategy.loop_settings.train_batch_size:
+            self.strategy.connect_loop_settings(dataclasses.replace(self.strategy.loop_settings, train_batch_size=size))
 
     def _evaluate(self, module: Module, stage: RunStage, loaders: list[Iterable[Any]]) -> list[dict[str, float]]:
         kind: EvaluationKind = "validation" if stage == "validate" else "test"
