@@ -197,3 +197,45 @@ def test_an_nvme_path_that_cannot_be_created_is_refused_before_launch(tmp_path):
     )
     with pytest.raises(ValueError, match=r"nvme_path='.*a_file/swap' is not writable"):
         resolve(strategy)
+
+
+def test_the_training_dataloaders_batch_size_fills_the_config_and_a_different_one_is_refused_before_launch():
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from stratagem.demo import DemoModule
+
+    strategy = resolve(DeepSpeedStrategy(stage=2), settings=LoopSettings(accumulate_grad_batches=2))
+    strategy.connect_loop_settings(LoopSettings(accumulate_grad_batches=2, train_batch_size=4))
+    assert strategy.config["train_micro_batch_size_per_gpu"] == 4
+    assert strategy.config["train_batch_size"] == 4 * 2 * 2
+
+    trainer = stratagem.Trainer(
+        strategy=DeepSpeedStrategy(config={"zero_optimization": {"stage": 2}, "train_micro_batch_size_per_gpu": 8}),
+        accelerator="cpu",
+        devices=2,
+        logger=False,
+        enable_progress_bar=False,
+    )
+    loader = DataLoader(TensorDataset(torch.randn(16, 32), torch.randint(0, 4, (16,))), batch_size=2)
+    with pytest.raises(ValueError, match=r"train_micro_batch_size_per_gpu=8, but the training dataloader yields .* 2"):
+        trainer.fit(DemoModule(), loader)
+
+
+def test_a_scheduler_from_configure_optimizers_next_to_one_in_the_config_is_refused_naming_both():
+    import torch
+
+    strategy = resolve(DeepSpeedStrategy(config={"scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 2}}}))
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
+    with pytest.raises(ValueError, match=r"StepLR and the DeepSpeed config has a 'scheduler' section \('WarmupLR'\)"):
+        strategy.check_lr_schedulers([torch.optim.lr_scheduler.StepLR(optimizer, 1)])
+    strategy.check_lr_schedulers([])
+
+
+def test_a_second_scheduler_is_refused_naming_the_limit():
+    import torch
+
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
+    schedulers = [torch.optim.lr_scheduler.StepLR(optimizer, 1) for _ in range(2)]
+    with pytest.raises(ValueError, match="at most 1 learning-rate scheduler"):
+        resolve().check_lr_schedulers(schedulers)

@@ -20,6 +20,7 @@ from deepspeed_testing import (
     initial_weights,
     rank_slice,
     reference_run,
+    reference_setup,
     set_up,
     train,
     train_steps,
@@ -188,6 +189,39 @@ def test_the_engine_accumulates_gradients_over_the_trainers_batches(workers):
     assert steps_taken == [0, 1, 1, 2], "one optimizer step per 2 batches, counted by the engine"
 
 
+def _train_in_windows(windows: list[int]) -> tuple[list[int], dict[str, torch.Tensor]]:
+    # As the Trainer drives it: the boundary is set on every batch, so a window may end early.
+    strategy = create_strategy("deepspeed_stage_2", settings=LoopSettings(accumulate_grad_batches=max(windows)))
+    _, optimizers = set_up(strategy)
+    batches = iter(global_batches(sum(windows), strategy.world_size))
+    steps_after_each_window = []
+    for window in windows:
+        for position in range(window):
+            strategy.set_accumulation_boundary(position == window - 1)
+            local = strategy.batch_to_device(rank_slice(next(batches), strategy.global_rank))
+            strategy.backward(strategy.run_step("training_step", local), optimizers[0])
+            strategy.optimizer_step(optimizers[0])
+        steps_after_each_window.append(strategy.engine.global_steps)
+    return steps_after_each_window, strategy.module_full_state_dict()
+
+
+def test_a_window_the_epoch_cuts_short_is_stepped_and_the_next_window_starts_afresh(workers):
+    # accumulate_grad_batches=3 over two epochs of 4 batches: windows of 3, 1, 3, 1.
+    windows = [3, 1, 3, 1]
+    steps, weights = workers.run(_train_in_windows, windows)[0]
+    assert steps == [1, 2, 3, 4]
+    model, optimizer = reference_setup()
+    batches = iter(global_batches(sum(windows)))
+    for window in windows:
+        for _ in range(window):
+            # Like the Trainer's own accumulation: every micro-batch's loss is divided by accumulate_grad_batches.
+            (model.training_step(next(batches)) / max(windows)).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    for name, value in model.state_dict().items():
+        torch.testing.assert_close(weights[name], value, atol=1e-5, rtol=0, msg=name)
+
+
 def _clipping_run(clip: float | None) -> float:
     settings = LoopSettings(gradient_clip_val=clip)
     strategy = create_strategy("deepspeed_stage_2", settings=settings)
@@ -267,3 +301,4 @@ def test_no_optimizer_anywhere_is_refused_saying_where_one_can_come_from(workers
     message = workers.run(_optimizer_problem, False, False)[0]
     assert "configure_optimizers" in message
     assert "'optimizer' section" in message
+

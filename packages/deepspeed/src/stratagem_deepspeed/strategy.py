@@ -69,6 +69,7 @@ class DeepSpeedStrategy(ParallelStrategy):
 
     handles_gradient_accumulation: ClassVar[bool] = True
     max_optimizers: ClassVar[int | None] = 1
+    max_lr_schedulers: ClassVar[int | None] = 1
 
     def __init__(
         self,
@@ -175,8 +176,7 @@ class DeepSpeedStrategy(ParallelStrategy):
             precision_name=self.precision.name,
             device_type=self.accelerator.device_type,
             loop_settings=self.loop_settings if self._loop_settings_connected else None,
-            # The Trainer does not tell strategies its dataloader's batch size; the config's own stands.
-            micro_batch_size=None,
+            micro_batch_size=self.loop_settings.train_batch_size if self._loop_settings_connected else None,
             world_size=self.num_processes * self.num_nodes,
         )
 
@@ -321,6 +321,21 @@ class DeepSpeedStrategy(ParallelStrategy):
         if self._engine is None:
             raise RuntimeError("The DeepSpeed engine is created by setup_optimizers(), which has not run yet.")
         return self._engine
+
+    def check_lr_schedulers(self, schedulers: list[Any]) -> None:
+        super().check_lr_schedulers(schedulers)
+        if schedulers and "scheduler" in self.config:
+            raise ValueError(
+                f"Two learning-rate schedulers were given: configure_optimizers returned "
+                f"{type(schedulers[0]).__name__} and the DeepSpeed config has a 'scheduler' section "
+                f"({self.config['scheduler'].get('type')!r}), which the engine steps itself. Keep one: return no "
+                "scheduler from configure_optimizers, or remove 'scheduler' from the config."
+            )
+
+    def set_accumulation_boundary(self, is_boundary: bool) -> None:
+        # Set on every batch, so the engine never falls back to its own micro-step count, which an
+        # epoch that ends mid-window would put out of step with the Trainer's optimizer steps.
+        self.engine.set_gradient_accumulation_boundary(is_boundary)
 
     def backward(self, loss: torch.Tensor, optimizer: Optimizer | None) -> None:
         # The engine scales by 1/accumulation itself, applies loss scaling and reduces gradients.
