@@ -9,6 +9,7 @@ from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, post_localSGD_hook, powerSGD_hook
 
 import stratagem
+from stratagem.demo import DemoModule, demo_dataloaders
 from stratagem.testing import DistributedWorkers
 from stratagem_ddp import DDPStrategy
 
@@ -208,3 +209,20 @@ def _train_with_unused_parameters():
 
 def test_find_unused_parameters_variant_trains_a_module_that_skips_parameters(workers):
     assert workers.run(_train_with_unused_parameters) == [True, True]
+
+
+def _fit_in_the_pools_group():
+    group = dist.group.WORLD
+    trainer = stratagem.Trainer(
+        strategy="ddp", accelerator="cpu", devices=2, max_steps=2, logger=False, enable_progress_bar=False,
+        enable_checkpointing=False, num_sanity_val_steps=0,
+    )  # fmt: skip
+    train_loader, _ = demo_dataloaders(batch_size=8, num_samples=64)
+    trainer.fit(DemoModule(hidden=8), train_loader)
+    ranks = torch.ones(1)
+    dist.all_reduce(ranks)
+    return dist.is_initialized() and dist.group.WORLD is group, ranks.item()
+
+
+def test_a_process_group_the_user_created_survives_the_trainer(workers):
+    assert workers.run(_fit_in_the_pools_group) == [(True, 2.0), (True, 2.0)]

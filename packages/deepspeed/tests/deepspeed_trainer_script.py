@@ -3,7 +3,9 @@
 The strategy's launcher re-runs this file for the other ranks, as it would a user's script.
 Rank 0 writes the weights the strategy holds at the end of training or validation (gathered
 live, independently of any checkpoint) to ``<root>/live_weights.pt``, and validation results
-to ``<root>/results.json``.
+to ``<root>/results.json``. ``--then validate resume`` runs more Trainers in the same processes
+after the first, as a script that evaluates and resumes its own checkpoint does; each writes
+``<root>/live_weights_after_<run>.pt``.
 """
 
 from __future__ import annotations
@@ -58,11 +60,28 @@ def main() -> None:
     parser.add_argument("--max-steps", type=int, default=12)
     parser.add_argument("--stop-after", type=int, default=None)
     parser.add_argument("--ckpt-path", default=None)
+    parser.add_argument(
+        "--then",
+        nargs="+",
+        default=[],
+        choices=("validate", "resume"),
+        help="after the first run, each by a new Trainer: validate its checkpoint, or fit on from it to --max-steps",
+    )
     args = parser.parse_args()
     args.root.mkdir(parents=True, exist_ok=True)
 
-    callbacks: list[Callback] = [SaveLiveWeights(args.root / "live_weights.pt")]
-    if args.stop_after is not None:
+    trainer = run(args, "validate" if args.validate else "fit", args.ckpt_path, args.root / "live_weights.pt")
+    if args.then:
+        assert trainer.checkpoint_callback is not None
+        checkpoint = trainer.checkpoint_callback.best_model_path
+        for then in args.then:
+            run(args, then, checkpoint, args.root / f"live_weights_after_{then}.pt")
+
+
+def run(args: argparse.Namespace, kind: str, ckpt_path: str | None, weights: Path) -> Trainer:
+    """One Trainer's ``fit`` (``"fit"``, or ``"resume"`` without --stop-after) or ``validate``."""
+    callbacks: list[Callback] = [SaveLiveWeights(weights)]
+    if args.stop_after is not None and kind == "fit":
         callbacks.append(StopAfter(args.stop_after))
     trainer = Trainer(
         strategy=args.strategy,
@@ -78,12 +97,13 @@ def main() -> None:
         seed=0,
     )
     train_loader, val_loader = demo_dataloaders(batch_size=16, num_samples=512)
-    if args.validate:
-        results = trainer.validate(DemoModule(hidden=32), val_loader, ckpt_path=args.ckpt_path)
+    if kind == "validate":
+        results = trainer.validate(DemoModule(hidden=32), val_loader, ckpt_path=ckpt_path)
         if trainer.is_global_zero:
             (args.root / "results.json").write_text(json.dumps(results))
     else:
-        trainer.fit(DemoModule(hidden=32), train_loader, val_loader, ckpt_path=args.ckpt_path)
+        trainer.fit(DemoModule(hidden=32), train_loader, val_loader, ckpt_path=ckpt_path)
+    return trainer
 
 
 if __name__ == "__main__":

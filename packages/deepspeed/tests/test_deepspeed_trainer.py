@@ -1,5 +1,7 @@
 """The Trainer on DeepSpeed, as a user runs it: scripts and the ``stratagem`` command started as
-real processes (the launcher re-runs them for rank 1), then their checkpoints moved around."""
+real processes (the launcher re-runs them for rank 1), then their checkpoints moved around; and
+Trainers run inside a process group the user created (a pool of workers, as in a script that
+initialises torch.distributed itself)."""
 
 from __future__ import annotations
 
@@ -11,7 +13,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from deepspeed_testing import WORKER_ENV
+import torch.distributed as dist
+from deepspeed_testing import WORKER_ENV, worker_pool
 
 from stratagem import Trainer
 from stratagem.demo import DemoModule, demo_dataloaders
@@ -104,6 +107,19 @@ def test_a_fit_stopped_and_resumed_from_its_checkpoint_ends_with_bitwise_the_sam
     assert_identical(live_weights(resumed), live_weights(stage_3_run))
 
 
+def test_one_script_fits_then_validates_and_resumes_its_checkpoint_with_new_trainers_in_the_same_processes(
+    stage_3_run, tmp_path
+):
+    # Each run tears down its process group; the next one's engine must not reuse DeepSpeed's groups of the last.
+    root = run_script(
+        tmp_path / "sequence", "--stop-after", str(STAGE_3_STEPS // 2), "--then", "validate", "resume",
+    )  # fmt: skip
+    assert_identical(torch.load(root / "live_weights_after_validate.pt", weights_only=True), live_weights(root))
+    assert json.loads((root / "results.json").read_text())[0].keys() == {"val_loss", "val_acc"}
+    resumed = torch.load(root / "live_weights_after_resume.pt", weights_only=True)
+    assert_identical(resumed, live_weights(stage_3_run))
+
+
 def test_a_stage_3_checkpoint_resumes_under_ddp_with_its_optimizer_state(stage_3_run, interrupted_checkpoint, tmp_path):
     resumed = run_script(tmp_path / "ddp", "--strategy", "ddp", "--ckpt-path", str(interrupted_checkpoint))
     expected = live_weights(stage_3_run)
@@ -142,3 +158,33 @@ def test_stratagem_consolidate_writes_one_file_that_plain_torch_load_reads(stage
     checkpoint = torch.load(destination, weights_only=True)
     assert_identical(checkpoint["module"], live_weights(stage_3_run))
     assert checkpoint["loops"]["fit"]["global_step"] == STAGE_3_STEPS
+
+
+@pytest.fixture(scope="module")
+def workers():
+    with worker_pool() as pool:
+        yield pool
+
+
+def _fit_then_validate_in_the_pools_group(alias: str, root: str) -> tuple[list[str], bool, float]:
+    group = dist.group.WORLD
+    options = dict(
+        strategy=alias, accelerator="cpu", devices=2, default_root_dir=root, logger=False, enable_progress_bar=False,
+        num_sanity_val_steps=0,
+    )  # fmt: skip
+    train_loader, val_loader = demo_dataloaders(batch_size=8, num_samples=64)
+    fitting = Trainer(max_steps=2, **options)
+    fitting.fit(DemoModule(hidden=8), train_loader)
+    assert fitting.checkpoint_callback is not None
+    [metrics] = Trainer(**options).validate(
+        DemoModule(hidden=8), val_loader, ckpt_path=fitting.checkpoint_callback.best_model_path
+    )
+    ranks = torch.ones(1)
+    dist.all_reduce(ranks)
+    return sorted(metrics), dist.group.WORLD is group, ranks.item()
+
+
+@pytest.mark.parametrize("alias", ["deepspeed_stage_2", "deepspeed_stage_3"])
+def test_trainers_one_after_another_in_a_process_group_the_user_created_leave_it_working(workers, tmp_path, alias):
+    expected = (["val_acc", "val_loss"], True, 2.0)
+    assert workers.run(_fit_then_validate_in_the_pools_group, alias, str(tmp_path)) == [expected, expected]

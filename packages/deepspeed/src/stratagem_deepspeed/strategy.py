@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import sys
 import warnings
 from collections.abc import Iterator, Mapping
 from datetime import timedelta
@@ -493,6 +494,17 @@ class DeepSpeedStrategy(ParallelStrategy):
             self._engine.destroy()
         self._engine = None
         super().teardown()
+
+    def destroy_process_group(self) -> None:
+        comm = sys.modules.get("deepspeed.comm")
+        if comm is None or not comm.is_initialized():
+            # Setup failed before DeepSpeed joined the group: it holds nothing of it.
+            super().destroy_process_group()
+            return
+        # Through deepspeed.comm, so that DeepSpeed also drops the groups it cached (its clone of the world
+        # group, sequence- and expert-parallel groups, mpu); the next run's engine would otherwise use them
+        # after they died with this group ("Group ... is not registered").
+        comm.destroy_process_group()
 
     def __repr__(self) -> str:
         return (

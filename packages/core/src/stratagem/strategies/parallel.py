@@ -60,6 +60,7 @@ class ParallelStrategy(Strategy, ABC):
         self._process_group_backend = process_group_backend
         self.timeout = timeout if isinstance(timeout, timedelta) else timedelta(seconds=float(timeout))
         self.num_nodes = 1
+        self._created_process_group = False
 
     def configure(
         self,
@@ -162,6 +163,7 @@ class ParallelStrategy(Strategy, ABC):
                 world_size=world_size,
                 timeout=self.timeout,
             )
+            self._created_process_group = True
         except dist.DistNetworkError as error:
             if "EADDRINUSE" not in str(error):
                 raise
@@ -232,11 +234,17 @@ class ParallelStrategy(Strategy, ABC):
 
     def teardown(self) -> None:
         super().teardown()
-        if dist.is_available() and dist.is_initialized():
-            dist.destroy_process_group()
+        # A group initialised before this strategy set up (by the user's script) is the user's: it outlives the run.
+        if self._created_process_group and dist.is_available() and dist.is_initialized():
+            self.destroy_process_group()
             wait_for_idle_gloo_workers()
+        self._created_process_group = False
         if self.cluster_environment is not None:
             self.cluster_environment.teardown()
+
+    def destroy_process_group(self) -> None:
+        """Destroy the default process group this strategy created, with whatever the backend keeps of it."""
+        dist.destroy_process_group()
 
     def __repr__(self) -> str:
         return (
