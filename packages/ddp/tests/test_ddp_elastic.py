@@ -26,11 +26,6 @@ JOB = Path(__file__).with_name("elastic_job.py")
 TAG = "STRATAGEM_TEST_TAG"
 # Every elastic_job.CHECKPOINT_EVERY = 2 steps; an epoch is 4 steps.
 SAVES = ["epoch=0-step=2.ckpt", "epoch=0-step=4.ckpt", "epoch=1-step=6.ckpt"]
-# By default (torch 2.13 here) torchrun's agent hosts the workers' store and keeps it across restarts, so
-# restarted ranks can find the failed attempt's rendezvous keys: they connected to dead ranks or hung, as
-# a plain init_process_group("gloo") script does too (pytorch/pytorch#135712). With "1", each attempt's
-# rank 0 hosts a fresh store.
-SHARED_STORE_OFF = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
 
 
 def _torchrun(out, *job_arguments, max_restarts=0, **extra_environment):
@@ -117,7 +112,8 @@ def test_each_checkpoint_is_written_once_by_rank_0(uninterrupted):
 def test_a_rank_failing_once_is_restarted_by_torchrun_and_the_job_resumes_from_the_last_checkpoint(
     uninterrupted, tmp_path
 ):
-    returncode, output, torchrun_pid = _torchrun(tmp_path, "--fail-at-step", "5", max_restarts=1, **SHARED_STORE_OFF)
+    # torchrun's default: one store for every attempt, which still holds the failed attempt's keys.
+    returncode, output, torchrun_pid = _torchrun(tmp_path, "--fail-at-step", "5", max_restarts=1)
     assert returncode == 0, output
     assert (tmp_path / "rank-1-attempt-0.failed").exists()
     assert not list(tmp_path.glob("*-attempt-0.json"))

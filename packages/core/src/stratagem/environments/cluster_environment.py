@@ -48,6 +48,14 @@ class ClusterEnvironment(ABC):
     def node_rank(self) -> int:
         """Index of this process's node."""
 
+    @property
+    def attempt(self) -> str:
+        """Which attempt of the job this process belongs to, where a scheduler restarts every rank and
+        the new ranks meet in the same rendezvous store as the failed ones (torchrun's
+        ``--max-restarts``): the process group's keys are namespaced by it, so that a restarted rank
+        never reads the address of a rank that died."""
+        return "0"
+
     def set_world_size(self, size: int) -> None:
         """Record the world size computed by stratagem; ignored where the scheduler sets it."""
 

@@ -39,6 +39,12 @@ class TorchElasticEnvironment(ClusterEnvironment):
         """torchrun's ``--rdzv-id``: the same on every worker of one job."""
         return os.environ.get("TORCHELASTIC_RUN_ID", "")
 
+    @property
+    def attempt(self) -> str:
+        # torchrun keeps one store for all attempts by default (pytorch#135712). A change of membership
+        # restarts workers without counting, but it also changes WORLD_SIZE, which validate_settings refuses.
+        return os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+
     def world_size(self) -> int:
         return int_variable("WORLD_SIZE", hint=_HINT)
 
