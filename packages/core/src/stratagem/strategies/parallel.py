@@ -158,7 +158,9 @@ class ParallelStrategy(Strategy, ABC):
             store, _, _ = next(dist.rendezvous("env://", rank, world_size, timeout=self.timeout))
             dist.init_process_group(
                 self.process_group_backend,
-                store=dist.PrefixStore(f"stratagem/rendezvous_{next(_rendezvous_count)}", store),
+                store=dist.PrefixStore(
+                    f"stratagem/attempt_{environment.attempt}/rendezvous_{next(_rendezvous_count)}", store
+                ),
                 rank=rank,
                 world_size=world_size,
                 timeout=self.timeout,
