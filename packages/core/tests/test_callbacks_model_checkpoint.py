@@ -8,7 +8,7 @@ from trainer_testing import ClassifierModule, make_loader, quiet_trainer
 
 from stratagem.callbacks import ModelCheckpoint
 from stratagem.callbacks.model_checkpoint import find_last_checkpoint
-from stratagem.checkpoint_io import PathLike
+from stratagem.checkpoint_io import PathLike, move_into_place, temporary_sibling
 from stratagem.strategies import SingleDeviceStrategy
 
 
@@ -143,9 +143,15 @@ class _DirectoryStrategy(SingleDeviceStrategy):
 
     def save_checkpoint(self, path: PathLike, state):
         target = Path(path)
-        target.mkdir(parents=True, exist_ok=True)
+        temporary = temporary_sibling(target)
+        temporary.mkdir(parents=True)
         for key, value in state.items():
-            torch.save(self._state_of(value), target / f"{key}.pt")
+            torch.save(self._state_of(value), temporary / f"{key}.pt")
+        self.before_move_into_place(target)
+        move_into_place(temporary, target)
+
+    def before_move_into_place(self, target: Path) -> None:
+        """The new checkpoint is whole under its temporary name; the previous one must still be at ``target``."""
 
     def load_checkpoint(self, path: PathLike, state, strict=True, weights_only=True):
         directory = Path(path)
@@ -170,3 +176,42 @@ def test_directory_checkpoints_are_kept_replaced_and_resumed_like_files(tmp_path
         tmp_path, ModelCheckpoint(every_n_train_steps=2, save_last=True), strategy=_DirectoryStrategy(), max_steps=6
     )
     assert resumed.global_step == 6
+
+
+class _LastSaveFails(_DirectoryStrategy):
+    """Records whether the previous ``last.ckpt`` is whole while the next is written; fails writing the second."""
+
+    def __init__(self):
+        super().__init__()
+        self.previous_last_whole = []
+
+    def before_move_into_place(self, target: Path) -> None:
+        if target.name != "last.ckpt":
+            return
+        self.previous_last_whole.append((target / "module.pt").is_file() and (target / "loops.pt").is_file())
+        if len(self.previous_last_whole) == 2:
+            raise OSError("disk full")
+
+
+def test_saving_last_over_a_directory_checkpoint_keeps_the_previous_one_whole_until_the_new_one_is(tmp_path):
+    strategy = _LastSaveFails()
+    with pytest.raises(OSError, match="disk full"):
+        _fit(tmp_path, ModelCheckpoint(every_n_train_steps=2, save_last=True), strategy=strategy, max_steps=5)
+    assert strategy.previous_last_whole == [False, True]
+    last = tmp_path / "checkpoints" / "last.ckpt"
+    assert torch.load(last / "loops.pt", weights_only=True)["fit"]["global_step"] == 2
+
+
+def test_saving_last_over_a_link_replaces_the_link_and_leaves_the_checkpoint_it_pointed_to(tmp_path):
+    checkpoints = tmp_path / "checkpoints"
+    _fit(tmp_path, ModelCheckpoint(save_last="link", every_n_train_steps=2), strategy=_DirectoryStrategy(), max_steps=2)
+    [linked] = [path for path in checkpoints.iterdir() if path.name != "last.ckpt"]
+    _fit(
+        tmp_path, ModelCheckpoint(save_last=True, every_n_train_steps=2, save_top_k=0),
+        strategy=_DirectoryStrategy(), max_steps=4,
+    )  # fmt: skip
+    last = checkpoints / "last.ckpt"
+    assert not last.is_symlink()
+    assert torch.load(last / "loops.pt", weights_only=True)["fit"]["global_step"] == 4
+    assert torch.load(linked / "loops.pt", weights_only=True)["fit"]["global_step"] == 2
+    assert not [path for path in checkpoints.iterdir() if path.name.startswith(".")], "no temporary left"

@@ -35,6 +35,23 @@ class _Custom:
     pass
 
 
+def test_a_file_checkpoint_takes_the_place_of_a_directory_checkpoint_and_a_link_without_following_it(tmp_path):
+    io = TorchCheckpointIO()
+    directory_checkpoint = tmp_path / "last.ckpt"
+    directory_checkpoint.mkdir()
+    (directory_checkpoint / "shard.pt").write_bytes(b"old")
+    io.save_checkpoint({"step": 1}, directory_checkpoint)
+    assert io.load_checkpoint(directory_checkpoint) == {"step": 1}
+    linked = tmp_path / "linked.ckpt"
+    io.save_checkpoint({"step": 2}, linked)
+    link = tmp_path / "link.ckpt"
+    link.symlink_to(linked.name)
+    io.save_checkpoint({"step": 3}, link)
+    assert not link.is_symlink()
+    assert io.load_checkpoint(linked) == {"step": 2}
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["last.ckpt", "link.ckpt", "linked.ckpt"]
+
+
 def test_load_is_weights_only_by_default_with_an_explanation_and_an_opt_out(tmp_path):
     target = tmp_path / "pickle.ckpt"
     torch.save({"obj": _Custom()}, target)

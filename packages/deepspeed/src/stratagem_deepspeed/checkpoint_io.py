@@ -8,15 +8,13 @@ from typing import Any
 
 import torch
 
-from stratagem.checkpoint_io import CheckpointIO, PathLike
+from stratagem.checkpoint_io import CheckpointIO, PathLike, move_into_place, temporary_sibling
 from stratagem_deepspeed.checkpoint_layout import (
     METADATA_KEY,
     STATE_FILE,
     is_deepspeed_checkpoint,
-    publish,
     read_tag,
     removed_on_error,
-    temporary_sibling,
     write_state_file,
 )
 
@@ -38,7 +36,7 @@ class DeepSpeedCheckpointIO(CheckpointIO):
         temporary.mkdir()
         with removed_on_error(temporary):
             write_state_file(temporary, checkpoint)
-            publish(temporary, target)
+            move_into_place(temporary, target)
 
     def load_checkpoint(
         self,

@@ -1,4 +1,4 @@
-"""What a DeepSpeed checkpoint directory holds, and how one is published atomically.
+"""What a DeepSpeed checkpoint directory holds.
 
 Layout (``<tag>`` is DeepSpeed's, e.g. ``global_step100``)::
 
@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -63,31 +62,6 @@ def write_state_file(directory: Path, state: dict[str, Any]) -> None:
         os.fsync(stream.fileno())
 
 
-def temporary_sibling(target: Path) -> Path:
-    """A fresh name next to ``target`` on the same filesystem, so that the final rename is atomic."""
-    return target.parent / f".{target.name}.tmp-{uuid.uuid4().hex[:12]}"
-
-
-def publish(temporary: Path, target: Path) -> None:
-    """Move the finished directory ``temporary`` to ``target``, replacing what was there.
-
-    A reader sees either the old checkpoint or the new one, never a mix: the new directory is
-    complete before it takes the name, and an old one is moved aside first and removed after.
-    """
-    _fsync_tree(temporary)
-    previous = None
-    if target.exists():
-        previous = temporary_sibling(target)
-        os.replace(target, previous)
-    os.replace(temporary, target)
-    _fsync_directory(target.parent)
-    if previous is not None:
-        if previous.is_dir():
-            shutil.rmtree(previous)
-        else:
-            previous.unlink()
-
-
 @contextmanager
 def removed_on_error(temporary: Path) -> Iterator[None]:
     """Remove the half-written ``temporary`` if the block fails."""
@@ -96,27 +70,3 @@ def removed_on_error(temporary: Path) -> Iterator[None]:
     except BaseException:
         shutil.rmtree(temporary, ignore_errors=True)
         raise
-
-
-def _fsync_tree(root: Path) -> None:
-    for directory, _, files in os.walk(root):
-        for name in files:
-            descriptor = os.open(os.path.join(directory, name), os.O_RDONLY)
-            try:
-                os.fsync(descriptor)
-            finally:
-                os.close(descriptor)
-        _fsync_directory(Path(directory))
-
-
-def _fsync_directory(directory: Path) -> None:
-    try:
-        descriptor = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(descriptor)
-    except OSError:
-        pass
-    finally:
-        os.close(descriptor)

@@ -17,7 +17,7 @@ from torch import nn
 from torch.optim import Optimizer
 
 from stratagem.accelerators import Accelerator
-from stratagem.checkpoint_io import CheckpointIO, PathLike
+from stratagem.checkpoint_io import CheckpointIO, PathLike, move_into_place, temporary_sibling
 from stratagem.environments.cluster_environment import ClusterEnvironment
 from stratagem.precision import Precision
 from stratagem.strategies import LoopSettings, ParallelStrategy
@@ -366,7 +366,7 @@ class DeepSpeedStrategy(ParallelStrategy):
     def save_checkpoint(self, path: PathLike, state: dict[str, Any]) -> None:
         target = Path(path).absolute()
         module_key, optimizers_key, plain = self._split_state(state)
-        temporary = self.broadcast(layout.temporary_sibling(target) if self.is_global_zero else None)
+        temporary = self.broadcast(temporary_sibling(target) if self.is_global_zero else None)
         full_weights = self.module_full_state_dict() if self.save_full_weights else None
         with layout.removed_on_error(temporary):
             self.engine.save_checkpoint(str(temporary))
@@ -391,7 +391,7 @@ class DeepSpeedStrategy(ParallelStrategy):
                     raise problem
                 raise RuntimeError(f"save_checkpoint({str(target)!r}) failed on rank 0; its error says why.")
             if self.is_global_zero:
-                layout.publish(temporary, target)
+                move_into_place(temporary, target)
         self.barrier("save_checkpoint: published")
 
     def _split_state(self, state: dict[str, Any]) -> tuple[str, str | None, dict[str, Any]]:

@@ -194,10 +194,7 @@ class ModelCheckpoint(Callback):
                 os.replace(temporary, target)
             trainer.strategy.barrier("ModelCheckpoint.save_last")
         else:
-            if trainer.strategy.checkpoint_is_directory and target.is_dir() and not target.is_symlink():
-                trainer.strategy.remove_checkpoint(target)
-            elif target.is_symlink() and trainer.is_global_zero:
-                target.unlink()
+            # Not removed first: the save replaces the previous last (or a link) only once it is whole.
             trainer.save_checkpoint(target)
 
     def _format_name(self, trainer: Trainer) -> str:

@@ -20,7 +20,12 @@ class CheckpointIO(ABC):
 
     @abstractmethod
     def save_checkpoint(self, checkpoint: dict[str, Any], path: PathLike) -> None:
-        """Write ``checkpoint`` to ``path`` so that a reader never sees it half-written."""
+        """Write ``checkpoint`` to ``path`` so that a reader never sees it half-written.
+
+        A checkpoint already at ``path`` (a file, a directory or a link) stays until the new one is
+        whole: write under :func:`~stratagem.checkpoint_io.temporary_sibling`, then
+        :func:`~stratagem.checkpoint_io.move_into_place`. Callers never delete it first.
+        """
 
     @abstractmethod
     def load_checkpoint(

@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from stratagem.checkpoint_io.atomic import move_into_place
 from stratagem.checkpoint_io.checkpoint_io import CheckpointIO, PathLike
 
 
@@ -15,7 +16,8 @@ class TorchCheckpointIO(CheckpointIO):
     """One ``torch.save`` file per checkpoint, written atomically.
 
     The bytes go to a temporary file in the target directory, are fsynced, and the file is
-    renamed over the target: a crash mid-write leaves the previous checkpoint intact.
+    renamed over the target (a file, a link, or a directory checkpoint of another strategy):
+    a crash mid-write leaves the previous checkpoint intact.
     """
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: PathLike) -> None:
@@ -27,11 +29,10 @@ class TorchCheckpointIO(CheckpointIO):
                 torch.save(checkpoint, stream)
                 stream.flush()
                 os.fsync(stream.fileno())
-            os.replace(temporary, target)
+            move_into_place(Path(temporary), target)
         except BaseException:
             Path(temporary).unlink(missing_ok=True)
             raise
-        _fsync_directory(target.parent)
 
     def load_checkpoint(
         self,
@@ -62,16 +63,3 @@ class TorchCheckpointIO(CheckpointIO):
     @classmethod
     def can_read(cls, path: PathLike) -> bool:
         return Path(path).is_file()
-
-
-def _fsync_directory(directory: Path) -> None:
-    try:
-        descriptor = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(descriptor)
-    except OSError:
-        pass
-    finally:
-        os.close(descriptor)

@@ -302,7 +302,8 @@ class Strategy(ABC):
 
         ``state`` maps names to plain values or to live objects (``nn.Module``, ``Optimizer``,
         lists of optimizers); the strategy turns live objects into their state in whatever
-        form it keeps them (whole, or sharded).
+        form it keeps them (whole, or sharded). A checkpoint already at ``path`` is replaced
+        whole, and only once the new one is complete (see :meth:`CheckpointIO.save_checkpoint`).
         """
         checkpoint = {key: self._state_of(value) for key, value in state.items()}
         if self.is_global_zero:
