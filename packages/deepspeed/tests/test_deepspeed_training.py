@@ -301,4 +301,3 @@ def test_no_optimizer_anywhere_is_refused_saying_where_one_can_come_from(workers
     message = workers.run(_optimizer_problem, False, False)[0]
     assert "configure_optimizers" in message
     assert "'optimizer' section" in message
-
