@@ -6,7 +6,6 @@ import io
 import os
 import pickle
 import shutil
-import uuid
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -19,7 +18,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import DefaultLoadPlanner, FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
 
-from stratagem.checkpoint_io import CheckpointIO, PathLike
+from stratagem.checkpoint_io import CheckpointIO, PathLike, move_into_place, temporary_sibling
 from stratagem_fsdp.optimizer_state import is_name_keyed, to_index_keyed
 
 METADATA_FILE = ".metadata"
@@ -59,7 +58,7 @@ class DistributedCheckpointIO(CheckpointIO):
         if is_writer:
             try:
                 _write_file(plain, staging / PLAIN_STATE_FILE)
-                _move_into_place(staging, target)
+                move_into_place(staging, target)
             except BaseException as error:
                 shutil.rmtree(staging, ignore_errors=True)
                 failure = error
@@ -241,7 +240,7 @@ def _staging_directory(target: Path, create: bool, grouped: bool) -> Path:
     """A fresh directory beside ``target``, made by rank 0; every rank gets its name."""
     name = None
     if create:
-        staging = target.parent / f".{target.name}.{uuid.uuid4().hex[:12]}.partial"
+        staging = temporary_sibling(target)
         staging.mkdir(parents=True)
         name = str(staging)
     return Path(_broadcast(name, grouped))
@@ -252,35 +251,6 @@ def _write_file(state: dict[str, Any], file: Path) -> None:
         torch.save(state, stream)
         stream.flush()
         os.fsync(stream.fileno())
-
-
-def _move_into_place(staging: Path, target: Path) -> None:
-    """Rename ``staging`` to ``target``; a previous checkpoint there is moved aside first, then deleted."""
-    _fsync_directory(staging)
-    if target.exists() or target.is_symlink():
-        retired = target.with_name(f".{target.name}.{uuid.uuid4().hex[:12]}.old")
-        os.replace(target, retired)
-        os.replace(staging, target)
-        if retired.is_dir():
-            shutil.rmtree(retired, ignore_errors=True)
-        else:
-            retired.unlink(missing_ok=True)
-    else:
-        os.replace(staging, target)
-    _fsync_directory(target.parent)
-
-
-def _fsync_directory(directory: Path) -> None:
-    try:
-        descriptor = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(descriptor)
-    except OSError:
-        pass
-    finally:
-        os.close(descriptor)
 
 
 @contextmanager
