@@ -104,6 +104,10 @@ def flat_weights(module: nn.Module) -> dict[str, torch.Tensor]:
     return {name: value.detach().cpu().float() for name, value in module.state_dict().items()}
 
 
+FULL_PRECISIONS = ("32-true", "32", "64-true", "64")
+REDUCED_PRECISION_REL_TOL = 2e-2
+
+
 def run_checks(
     strategy: str, devices: int, accelerator: str, precision: str, tolerance: float | None, workdir: Path
 ) -> dict[str, dict[str, Any]]:
@@ -169,11 +173,14 @@ def run_checks(
         module = ConformanceModule()
         results = _single_device().validate(module, loader(1, BATCH_PER_RANK), ckpt_path=path)
         state["fitted"] = flat_weights(module)
-        if "val_loss" in state and not math.isclose(results[0]["val_loss"], state["val_loss"], rel_tol=1e-5):
+        # single_device validates in fp32; a strategy at reduced precision computed its loss with ~3 digits.
+        rel_tol = 1e-5 if precision in FULL_PRECISIONS else REDUCED_PRECISION_REL_TOL
+        if "val_loss" in state and not math.isclose(results[0]["val_loss"], state["val_loss"], rel_tol=rel_tol):
             raise AssertionError(
-                f"val_loss under single_device {results[0]['val_loss']} differs from {strategy!r}'s {state['val_loss']}"
+                f"val_loss under single_device {results[0]['val_loss']} differs from {strategy!r}'s "
+                f"{state['val_loss']} at precision={precision!r} by more than rel_tol={rel_tol:g}"
             )
-        return f"{path.name} loads into single_device; validation agrees"
+        return f"{path.name} loads into single_device; validation agrees (rel_tol={rel_tol:g})"
 
     def matches_single_device() -> str:
         module = ConformanceModule()
