@@ -7,10 +7,15 @@ checkpoint first.
 
 from __future__ import annotations
 
+import ctypes
+import errno
+import functools
 import os
 import shutil
+import sys
 import uuid
 from pathlib import Path
+from typing import Any
 
 
 def temporary_sibling(target: Path) -> Path:
@@ -22,23 +27,57 @@ def move_into_place(finished: Path, target: Path) -> None:
     """Give the complete file or directory ``finished`` the name ``target``, replacing what is there.
 
     A file takes the place of a file or a link in one atomic rename. A directory cannot be renamed
-    over anything but an empty directory, so what is there is first renamed aside and deleted only
-    once the new one has the name: a crash in between leaves both whole. A link is replaced, never
+    over anything but an empty directory, so on Linux the two names are swapped in one step
+    (``renameat2(RENAME_EXCHANGE)``) and the previous checkpoint, now under the temporary name, is
+    deleted. Where the system or filesystem cannot swap, what is there is first renamed aside: a crash
+    between the two renames leaves both whole but ``target`` missing. A link is replaced, never
     followed, so the checkpoint it points to is left alone.
     """
     _fsync_tree(finished)
-    previous = None
     one_rename = finished.is_file() and (target.is_symlink() or not target.is_dir())
-    if not one_rename and os.path.lexists(target):
+    if one_rename or not os.path.lexists(target):
+        os.replace(finished, target)
+        _fsync_directory(target.parent)
+        return
+    if _exchange(finished, target):
+        previous = finished
+    else:
         previous = temporary_sibling(target)
         os.replace(target, previous)
-    os.replace(finished, target)
+        os.replace(finished, target)
     _fsync_directory(target.parent)
-    if previous is not None:
-        if previous.is_dir() and not previous.is_symlink():
-            shutil.rmtree(previous)
-        else:
-            previous.unlink()
+    if previous.is_dir() and not previous.is_symlink():
+        shutil.rmtree(previous)
+    else:
+        previous.unlink()
+
+
+_AT_FDCWD = -100
+_RENAME_EXCHANGE = 2
+
+
+@functools.cache
+def _renameat2() -> Any:
+    if not sys.platform.startswith("linux"):
+        return None
+    function = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
+    if function is not None:
+        function.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+        function.restype = ctypes.c_int
+    return function
+
+
+def _exchange(first: Path, second: Path) -> bool:
+    """Swap what two existing names point to in one step; False where this system or filesystem cannot."""
+    renameat2 = _renameat2()
+    if renameat2 is None:
+        return False
+    if renameat2(_AT_FDCWD, os.fsencode(first), _AT_FDCWD, os.fsencode(second), _RENAME_EXCHANGE) == 0:
+        return True
+    error = ctypes.get_errno()
+    if error in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.EPERM):
+        return False
+    raise OSError(error, os.strerror(error), str(first), None, str(second))
 
 
 def _fsync_tree(root: Path) -> None:
