@@ -236,9 +236,12 @@ class ParallelStrategy(Strategy, ABC):
 
     def teardown(self) -> None:
         super().teardown()
-        # A group initialised before this strategy set up (by the user's script) is the user's: it outlives the run.
-        if self._created_process_group and dist.is_available() and dist.is_initialized():
-            self.destroy_process_group()
+        if dist.is_available() and dist.is_initialized():
+            # A group initialised before this strategy set up (by the user's script) is the user's: it
+            # outlives the run. Either way the run's last collectives must be released before the
+            # process may exit.
+            if self._created_process_group:
+                self.destroy_process_group()
             wait_for_idle_gloo_workers()
         self._created_process_group = False
         if self.cluster_environment is not None:
