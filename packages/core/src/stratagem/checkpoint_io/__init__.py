@@ -1,6 +1,6 @@
 """Checkpoint IO: writing and reading checkpoint state."""
 
-from stratagem.checkpoint_io.atomic import move_into_place, temporary_sibling
+from stratagem.checkpoint_io.atomic import move_into_place, temporary_sibling, temporary_siblings
 from stratagem.checkpoint_io.checkpoint_io import CheckpointIO, PathLike
 from stratagem.checkpoint_io.readers import read_full_checkpoint
 from stratagem.checkpoint_io.torch_io import TorchCheckpointIO
@@ -12,4 +12,5 @@ __all__ = [
     "move_into_place",
     "read_full_checkpoint",
     "temporary_sibling",
+    "temporary_siblings",
 ]

@@ -20,7 +20,19 @@ from typing import Any
 
 def temporary_sibling(target: Path) -> Path:
     """A fresh name beside ``target``: same filesystem (so renames are atomic), hidden from checkpoint finders."""
-    return target.parent / f".{target.name}.tmp-{uuid.uuid4().hex[:12]}"
+    return target.parent / f"{_TEMPORARY_PREFIX.format(name=target.name)}{uuid.uuid4().hex[:12]}"
+
+
+def temporary_siblings(target: Path) -> list[Path]:
+    """The names :func:`temporary_sibling` gave beside ``target`` that exist now (a write in progress)."""
+    prefix = _TEMPORARY_PREFIX.format(name=target.name)
+    try:
+        return sorted(path for path in target.parent.iterdir() if path.name.startswith(prefix))
+    except OSError:
+        return []
+
+
+_TEMPORARY_PREFIX = ".{name}.tmp-"
 
 
 def move_into_place(finished: Path, target: Path) -> None:

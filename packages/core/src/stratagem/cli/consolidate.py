@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 
-from stratagem.checkpoint_io import TorchCheckpointIO, read_full_checkpoint
+from stratagem.checkpoint_io import TorchCheckpointIO, read_full_checkpoint, temporary_siblings
+from stratagem.cli.file_progress import GrowingFileReport, footprint, format_bytes
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -38,11 +40,25 @@ def run(args: argparse.Namespace) -> int:
     if destination.resolve() == source.resolve():
         raise ValueError("DST is SRC; write the consolidated checkpoint to another path.")
     io = TorchCheckpointIO()
+    files, size = footprint(source)
+    print(f"reading {source} ({files} file{'' if files == 1 else 's'}, {format_bytes(size)})", flush=True)
+    started = time.monotonic()
     try:
         checkpoint = read_full_checkpoint(source, io, weights_only=args.weights_only)
     except RuntimeError as error:
         print(f"stratagem consolidate: error: {error}", file=sys.stderr)
         return 1
-    io.save_checkpoint(checkpoint, destination)
-    print(f"wrote {destination} with entries: {', '.join(map(str, checkpoint)) or '(none)'}")
+    print(f"read in {time.monotonic() - started:.1f} s; writing {destination}", flush=True)
+    started = time.monotonic()
+    with GrowingFileReport(lambda: _file_being_written(destination), sys.stdout):
+        io.save_checkpoint(checkpoint, destination)
+    print(
+        f"wrote {destination} ({format_bytes(destination.stat().st_size)} in {time.monotonic() - started:.1f} s) "
+        f"with entries: {', '.join(map(str, checkpoint)) or '(none)'}"
+    )
     return 0
+
+
+def _file_being_written(destination: Path) -> Path | None:
+    # TorchCheckpointIO writes under a temporary sibling name and renames it when complete.
+    return next(iter(temporary_siblings(destination)), None)
