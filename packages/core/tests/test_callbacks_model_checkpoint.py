@@ -104,7 +104,7 @@ def test_save_last_as_link_points_at_the_newest_checkpoint(tmp_path):
 
 def test_finding_the_last_checkpoint_skips_temporary_files_and_dangling_links(tmp_path):
     (tmp_path / "epoch=0-step=2.ckpt").write_bytes(b"x")
-    (tmp_path / ".last.ckpt.abc.tmp").write_bytes(b"partial")
+    temporary_sibling(tmp_path / "last.ckpt").write_bytes(b"partial")
     (tmp_path / "last.ckpt").symlink_to("epoch=9-step=99.ckpt")
     assert find_last_checkpoint(tmp_path) == tmp_path / "epoch=0-step=2.ckpt"
     assert find_last_checkpoint(tmp_path / "missing") is None

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from stratagem.callbacks.model_checkpoint import find_last_checkpoint
+from stratagem.checkpoint_io import temporary_siblings
 
 # A training run whose every step rewrites last.ckpt (~100 MB, so each write takes a while).
 _TRAINING_SCRIPT = textwrap.dedent(
@@ -47,7 +48,7 @@ def _kill_during_second_write(directory: Path, deadline: float) -> bool:
     try:
         last = directory / "last.ckpt"
         while time.monotonic() < deadline and process.poll() is None:
-            if last.exists() and any(directory.glob(".last.ckpt.*.tmp")):
+            if last.exists() and temporary_siblings(last):
                 process.send_signal(signal.SIGKILL)
                 break
             time.sleep(0.001)
@@ -56,7 +57,7 @@ def _kill_during_second_write(directory: Path, deadline: float) -> bool:
         if process.poll() is None:
             process.kill()
             process.wait()
-    return process.returncode == -signal.SIGKILL and any(directory.glob(".last.ckpt.*.tmp"))
+    return process.returncode == -signal.SIGKILL and bool(temporary_siblings(last))
 
 
 @pytest.mark.slow

@@ -73,3 +73,21 @@ def test_consolidate_says_what_it_reads_and_writes_with_sizes_and_times(tmp_path
     assert lines[1].endswith(f"writing {tmp_path / 'out.pt'}")
     assert lines[-1].startswith(f"wrote {tmp_path / 'out.pt'} (")
     assert lines[-1].endswith("with entries: module")
+
+
+def test_consolidate_watches_the_temporary_file_that_torch_checkpoint_io_writes(tmp_path, monkeypatch):
+    destination = tmp_path / "out.pt"
+    watched = []
+    save = torch.save
+
+    def save_and_look(state, file, *args, **kwargs):
+        save(state, file, *args, **kwargs)
+        watched.append(consolidate._file_being_written(destination))
+
+    monkeypatch.setattr(torch, "save", save_and_look)
+    TorchCheckpointIO().save_checkpoint({"module": {"weight": torch.zeros(1000)}}, destination)
+    [being_written] = watched
+    assert being_written is not None, "the progress report would never find the file"
+    assert being_written.parent == tmp_path
+    assert destination.exists()
+    assert not being_written.exists()

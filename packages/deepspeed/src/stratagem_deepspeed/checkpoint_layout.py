@@ -54,12 +54,8 @@ def shard_world_size(directory: Path, tag: str) -> int:
 
 
 def write_state_file(directory: Path, state: dict[str, Any]) -> None:
-    """Write ``state`` as :data:`STATE_FILE` in ``directory``, flushed to disk."""
-    target = directory / STATE_FILE
-    with open(target, "wb") as stream:
-        torch.save(state, stream)
-        stream.flush()
-        os.fsync(stream.fileno())
+    """Write ``state`` as :data:`STATE_FILE` in the temporary ``directory`` (``move_into_place`` fsyncs it)."""
+    torch.save(state, directory / STATE_FILE)
 
 
 @contextmanager

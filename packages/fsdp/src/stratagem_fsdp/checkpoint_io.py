@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import io
-import os
 import pickle
 import shutil
 import warnings
@@ -57,7 +56,8 @@ class DistributedCheckpointIO(CheckpointIO):
         failure: BaseException | None = None
         if is_writer:
             try:
-                _write_file(plain, staging / PLAIN_STATE_FILE)
+                # move_into_place fsyncs every file of the directory before it takes the name.
+                torch.save(plain, staging / PLAIN_STATE_FILE)
                 move_into_place(staging, target)
             except BaseException as error:
                 shutil.rmtree(staging, ignore_errors=True)
@@ -244,13 +244,6 @@ def _staging_directory(target: Path, create: bool, grouped: bool) -> Path:
         staging.mkdir(parents=True)
         name = str(staging)
     return Path(_broadcast(name, grouped))
-
-
-def _write_file(state: dict[str, Any], file: Path) -> None:
-    with open(file, "wb") as stream:
-        torch.save(state, stream)
-        stream.flush()
-        os.fsync(stream.fileno())
 
 
 @contextmanager

@@ -1,21 +1,19 @@
 from __future__ import annotations
 
-import os
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from stratagem.checkpoint_io.atomic import move_into_place
+from stratagem.checkpoint_io.atomic import move_into_place, temporary_sibling
 from stratagem.checkpoint_io.checkpoint_io import CheckpointIO, PathLike
 
 
 class TorchCheckpointIO(CheckpointIO):
     """One ``torch.save`` file per checkpoint, written atomically.
 
-    The bytes go to a temporary file in the target directory, are fsynced, and the file is
+    The bytes go to a temporary sibling of the target, are fsynced, and the file is
     renamed over the target (a file, a link, or a directory checkpoint of another strategy):
     a crash mid-write leaves the previous checkpoint intact.
     """
@@ -23,15 +21,13 @@ class TorchCheckpointIO(CheckpointIO):
     def save_checkpoint(self, checkpoint: dict[str, Any], path: PathLike) -> None:
         target = Path(path)
         target.parent.mkdir(parents=True, exist_ok=True)
-        handle, temporary = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+        temporary = temporary_sibling(target)
         try:
-            with os.fdopen(handle, "wb") as stream:
-                torch.save(checkpoint, stream)
-                stream.flush()
-                os.fsync(stream.fileno())
-            move_into_place(Path(temporary), target)
+            # move_into_place fsyncs the finished file before it takes the name.
+            torch.save(checkpoint, temporary)
+            move_into_place(temporary, target)
         except BaseException:
-            Path(temporary).unlink(missing_ok=True)
+            temporary.unlink(missing_ok=True)
             raise
 
     def load_checkpoint(
