@@ -109,23 +109,7 @@ def _supervise(ranks: dict[int, _Rank], result_rank: int) -> Any:
     """Wait until every rank finished; on the first failure, return at once with an error."""
     running = dict(ranks)
     while running:
-        waitables: dict[Any, int] = {}
-        for rank, state in running.items():
-            if state.report is None and not state.connection.closed:
-                waitables[state.connection] = rank
-            waitables[state.process.sentinel] = rank
-        ready = wait(list(waitables))
-        failures: list[tuple[RankFailure, float]] = []
-        for rank in sorted({waitables[item] for item in ready}):
-            state = running[rank]
-            _receive_report(state)
-            if state.process.is_alive():
-                continue
-            state.process.join()
-            failure = _failure_of(rank, state)
-            if failure is not None:
-                failures.append(failure)
-            del running[rank]
+        failures = _failures_of_finished(running, timeout=None, count_reported_errors=False)
         if failures:
             # The rank that failed first is the cause; its report may still be on its way while a
             # peer's consequential error (a closed connection) arrived first.
@@ -136,21 +120,38 @@ def _supervise(ranks: dict[int, _Rank], result_rank: int) -> Any:
     return pickle.loads(report[1])
 
 
+def _failures_of_finished(
+    running: dict[int, _Rank], timeout: float | None, count_reported_errors: bool
+) -> list[tuple[RankFailure, float]]:
+    """Wait up to ``timeout`` for ranks to report or exit; remove those that finished from ``running``
+    and return their failures. With ``count_reported_errors``, a rank that reported an error counts
+    as finished before its process has exited."""
+    waitables: dict[Any, int] = {}
+    for rank, state in running.items():
+        if state.report is None and not state.connection.closed:
+            waitables[state.connection] = rank
+        waitables[state.process.sentinel] = rank
+    failures: list[tuple[RankFailure, float]] = []
+    for rank in sorted({waitables[item] for item in wait(list(waitables), timeout)}):
+        state = running[rank]
+        _receive_report(state)
+        reported_error = count_reported_errors and state.report is not None and state.report[0] == "error"
+        if state.process.is_alive() and not reported_error:
+            continue
+        if not state.process.is_alive():
+            state.process.join()
+        failure = _failure_of(rank, state)
+        if failure is not None:
+            failures.append(failure)
+        del running[rank]
+    return failures
+
+
 def _failures_within_grace(running: dict[int, _Rank]) -> list[tuple[RankFailure, float]]:
     late: list[tuple[RankFailure, float]] = []
     deadline = time.monotonic() + FAILURE_GRACE_SECONDS
-    while running and time.monotonic() < deadline:
-        for rank, state in list(running.items()):
-            _receive_report(state)
-            finished = not state.process.is_alive()
-            if (state.report is not None and state.report[0] == "error") or finished:
-                if finished:
-                    state.process.join()
-                failure = _failure_of(rank, state)
-                if failure is not None:
-                    late.append(failure)
-                del running[rank]
-        time.sleep(0.05)
+    while running and (remaining := deadline - time.monotonic()) > 0:
+        late += _failures_of_finished(running, timeout=remaining, count_reported_errors=True)
     return late
 
 
