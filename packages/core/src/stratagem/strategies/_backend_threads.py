@@ -5,8 +5,9 @@ and releasing a tensor that Python knows takes the GIL. When that happens while 
 is finalizing, the thread cannot take the GIL, and the whole process aborts with "terminate
 called without an active exception" (pytorch#190489). A rank that trained correctly then exits
 with SIGABRT, which the launcher rightly reports as a failed rank. Destroying the process group
-does not stop those threads (its C++ object outlives ``destroy_process_group`` while a DDP
-reducer or an FSDP mesh holds it), so the only safe point is to wait until they are idle.
+does not stop those threads (once DDP or FSDP has used the group, its C++ object outlives
+``destroy_process_group`` and even the wrapped module), so the only safe point is to wait until
+they are idle.
 """
 
 from __future__ import annotations
