@@ -41,7 +41,13 @@ def test_without_a_terminal_lines_come_at_the_interval_not_every_step(tmp_path):
     assert step_lines[0].startswith("epoch 1 | step 12/12")
 
 
-def test_on_a_terminal_it_draws_a_bar_with_metrics_and_rate(tmp_path):
+@pytest.fixture
+def wide_terminal(monkeypatch):
+    # A StringIO has no file descriptor to ask for its size: COLUMNS says it instead.
+    monkeypatch.setenv("COLUMNS", "100")
+
+
+def test_on_a_terminal_it_draws_a_bar_with_metrics_and_rate(tmp_path, wide_terminal):
     stream = _Terminal()
     _fit_with(ProgressBar(refresh_seconds=1e-9, stream=stream), max_steps=12)(tmp_path)
     output = stream.getvalue()
@@ -49,6 +55,26 @@ def test_on_a_terminal_it_draws_a_bar_with_metrics_and_rate(tmp_path):
     assert "12/12" in output
     assert "steps/s" in output
     assert "train_loss=" in output
+
+
+def test_the_first_frame_on_a_terminal_names_the_epoch_and_has_no_empty_postfix(tmp_path, wide_terminal):
+    stream = _Terminal()
+    _fit_with(ProgressBar(refresh_seconds=3600, stream=stream), max_steps=4)(tmp_path)
+    first_frame = stream.getvalue().split("\r")[1]
+    assert first_frame.startswith("epoch 0 ")
+    assert " , " not in stream.getvalue()
+    assert "0/4 " not in first_frame.replace("0/4\x1b", "")
+    assert first_frame.rstrip().endswith("0/4")
+
+
+def test_a_terminal_that_reports_no_width_gets_lines_instead_of_no_progress(tmp_path, monkeypatch):
+    monkeypatch.delenv("COLUMNS", raising=False)
+    stream = _Terminal()
+    _fit_with(ProgressBar(print_seconds=1e-9, stream=stream), max_steps=4)(tmp_path)
+    output = stream.getvalue()
+    assert "\r" not in output
+    assert "epoch 0 | step 1/4 | loss=" in output
+    assert output.splitlines()[-1].startswith("trained 4 steps in ")
 
 
 def test_only_global_zero_shows_progress(tmp_path, monkeypatch):

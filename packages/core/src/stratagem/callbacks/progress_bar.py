@@ -1,12 +1,14 @@
 """ProgressBar: training progress on the global-zero process.
 
 On a terminal it draws a tqdm bar with the loss, ``prog_bar`` metrics, steps/s and ETA. When
-the output is not a terminal (CI, a log file) it prints one short line at intervals instead
-of redrawing. Metrics are read (one device sync) only when the display refreshes.
+the output is not a terminal (CI, a log file), or a terminal too narrow to draw a bar in (some
+containers report 0 columns), it prints one short line at intervals instead of redrawing.
+Metrics are read (one device sync) only when the display refreshes.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from typing import TYPE_CHECKING, Any, TextIO
@@ -53,7 +55,7 @@ class ProgressBar(Callback):
     @property
     def interactive(self) -> bool:
         isatty = getattr(self.stream, "isatty", None)
-        return bool(isatty and isatty())
+        return bool(isatty and isatty()) and _terminal_columns(self.stream) >= _MIN_BAR_COLUMNS
 
     # -- training ---------------------------------------------------------------------------------
 
@@ -67,14 +69,16 @@ class ProgressBar(Callback):
         if self.interactive:
             from tqdm import tqdm
 
+            # tqdm puts ", " before a postfix itself.
             self._bar = tqdm(
                 total=self._total,
                 initial=self._start_step,
+                desc=f"epoch {trainer.current_epoch}",
                 unit="step",
                 file=self.stream,
                 dynamic_ncols=True,
                 leave=True,
-                bar_format="{desc} {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} {postfix}",
+                bar_format="{desc} {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt}{postfix}",
             )
             self._next_refresh = self._start_time + self.refresh_seconds
         else:
@@ -141,6 +145,22 @@ class ProgressBar(Callback):
             self._bar.write(line, file=self.stream)
         else:
             print(line, file=self.stream, flush=True)
+
+
+_MIN_BAR_COLUMNS = 40
+"""Narrower than this, a bar with its counts and metrics would wrap on every redraw."""
+
+
+def _terminal_columns(stream: TextIO) -> int:
+    """The stream's terminal width, else ``COLUMNS``; 0 when neither says (unknown is not wide)."""
+    try:
+        columns = os.get_terminal_size(stream.fileno()).columns
+    except (AttributeError, OSError, ValueError):
+        columns = 0
+    if columns:
+        return columns
+    fallback = os.environ.get("COLUMNS", "")
+    return int(fallback) if fallback.isdigit() else 0
 
 
 def _format_metrics(metrics: dict[str, float], separator: str = " | ") -> str:
