@@ -327,3 +327,15 @@ def test_an_installed_plugin_exiting_on_import_stops_neither_the_listing_nor_a_t
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert run.returncode == 0, run.stderr
     assert run.stdout.strip().splitlines()[-1] == "2 ['SystemExit: plugin exits on import']"
+
+
+def test_choosing_a_strategy_whose_target_is_missing_is_one_error_line_naming_the_plugin(fake, monkeypatch, capsys):
+    missing = fake.module_name("never_written")
+    source = register_source(f"'ghost', '{missing}:GhostStrategy', description='Its module does not exist.'")
+    fake.add("ghost-plugin", {"ghost": source}, {"ghost": "ghost:register"})
+    _strategies_with(fake, monkeypatch)
+    assert main(["demo", "--strategy", "ghost", "--max-steps", "1"]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith("stratagem demo: error: The strategy 'ghost' from ghost-plugin (ghost = ")
+    assert f"importing its target {missing}:GhostStrategy raised ModuleNotFoundError" in error
+    assert "Traceback" not in error

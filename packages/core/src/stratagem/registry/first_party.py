@@ -241,6 +241,3 @@ def _usable(kind: str, name: str, is_registered: Container[str]) -> str:
         return f"{name!r} (from {package.distribution}, installed but not loaded: `stratagem doctor` says why)"
     return f"{name!r} (from {how_to_get(package)})"
 
-
-def first_party_names(kind: str) -> tuple[str, ...]:
-    return tuple(name for package in PACKAGES for name in package.names.get(kind, ()))

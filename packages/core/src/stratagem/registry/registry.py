@@ -16,7 +16,7 @@ from typing import Any
 
 from stratagem.registry import first_party
 
-BUILTIN_DISTRIBUTION = "stratagem"
+BUILTIN_DISTRIBUTION = first_party.CORE_DISTRIBUTION
 BUILTIN_ENTRY_POINT = "(built in)"
 GROUP_PREFIX = "stratagem."
 
