@@ -158,11 +158,14 @@ LIGHTNING_NAMES: tuple[LightningName, ...] = (
     LightningName("strategy", "tpu_spawn_debug", "Lightning's old name for the XLA strategy (debug)", ("xla",)),
     LightningName("strategy", "xla_debug", "Lightning's debug variant of the XLA strategy", ("xla",)),
     LightningName("strategy", "single_tpu", "Lightning's old name for one XLA device", ("single_xla",)),
-    LightningName(
-        "precision",
-        "transformer-engine",
-        "Lightning's NVIDIA Transformer Engine precision has no stratagem equivalent",
-        ("bf16-mixed",),
+    *(
+        LightningName(
+            "precision",
+            name,
+            "Lightning's NVIDIA Transformer Engine precision has no stratagem equivalent",
+            ("bf16-mixed",),
+        )
+        for name in ("transformer-engine", "transformer-engine-float16")
     ),
 )
 
@@ -240,4 +243,3 @@ def _usable(kind: str, name: str, is_registered: Container[str]) -> str:
     if is_installed(package.distribution):
         return f"{name!r} (from {package.distribution}, installed but not loaded: `stratagem doctor` says why)"
     return f"{name!r} (from {how_to_get(package)})"
-

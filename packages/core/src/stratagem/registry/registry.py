@@ -17,7 +17,7 @@ from typing import Any
 from stratagem.registry import first_party
 
 BUILTIN_DISTRIBUTION = first_party.CORE_DISTRIBUTION
-BUILTIN_ENTRY_POINT = "(built in)"
+BUILTIN_ENTRY_POINT = "built in"
 GROUP_PREFIX = "stratagem."
 
 
