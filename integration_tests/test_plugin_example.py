@@ -100,7 +100,7 @@ def test_the_broken_plugin_is_recorded_and_does_not_stop_the_example_from_traini
 
 
 def test_stratagem_strategies_lists_the_example_with_its_distribution(plugins_on_path):
-    result = _stratagem("strategies")
+    result = _stratagem("strategies", "--check")
     rows = {line.split()[0]: line.split() for line in result.stdout.splitlines()[1:] if line.strip()}
     assert rows["example_single_device"][:3] == ["example_single_device", EXAMPLE, "yes"]
     assert rows["single_device"][:3] == ["single_device", "stratagem", "yes"]

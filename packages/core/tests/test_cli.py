@@ -26,27 +26,86 @@ def _json_of(capsys, *argv):
     return json.loads(capsys.readouterr().out)
 
 
-def test_strategies_table_lists_single_device_with_its_distribution(capsys):
+def test_strategies_table_lists_single_device_unchecked_and_says_how_to_check(capsys):
     assert main(["strategies"]) == 0
-    lines = capsys.readouterr().out.splitlines()
+    output = capsys.readouterr().out
+    lines = output.splitlines()
     assert lines[0].split() == ["NAME", "DISTRIBUTION", "AVAILABLE", "DESCRIPTION"]
+    assert any(line.split()[:3] == ["single_device", "stratagem", "?"] for line in lines)
+    assert "Run with --check to import and check each one." in output
+
+
+def test_strategies_check_says_single_device_is_available(capsys):
+    assert main(["strategies", "--check"]) == 0
+    lines = capsys.readouterr().out.splitlines()
     assert any(line.split()[:3] == ["single_device", "stratagem", "yes"] for line in lines)
+    assert not any("--check" in line for line in lines)
 
 
 @pytest.mark.parametrize("command", ["strategies", "accelerators", "precisions", "environments"])
 def test_every_listing_has_json_with_name_distribution_and_availability(capsys, command):
-    rows = _json_of(capsys, command, "--json")
+    rows = _json_of(capsys, command, "--json", "--check")
     assert rows
     for row in rows:
         assert {"name", "distribution", "description", "available", "reason"} <= set(row)
         assert row["available"] or row["reason"], f"{row['name']} is unavailable without a reason"
 
 
+@pytest.mark.parametrize("command", ["strategies", "accelerators", "precisions", "environments"])
+def test_a_plain_listing_imports_neither_torch_nor_any_target(command):
+    code = textwrap.dedent(
+        f"""
+        import contextlib, io, json, sys
+        from stratagem import registry
+        from stratagem.cli.main import main
+        with contextlib.redirect_stdout(io.StringIO()):
+            main([{command!r}])
+        targets = {{
+            kind_registry.get(name).target_path.partition(":")[0]
+            for kind_registry in registry.ALL
+            for name in kind_registry.names()
+            if name in kind_registry and kind_registry.get(name).target_path
+        }}
+        print(json.dumps(sorted(name for name in targets | {{"torch"}} if name in sys.modules)))
+        """
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert json.loads(result.stdout.splitlines()[-1]) == []
+
+
+def test_listing_json_keeps_the_types_of_option_values(capsys, monkeypatch):
+    def register(kinds):
+        defaults = {"stage": 2, "offload": True, "ratio": 0.5, "path": None, "name": "x", "kinds": frozenset({1})}
+        kinds.register("typed", "collections:OrderedDict", description="Typed defaults.", defaults=defaults)
+
+    monkeypatch.setattr(registry, "strategies", registry.Registry("strategy", "stratagem_test.none", register))
+    for check in ([], ["--check"]):
+        [row] = _json_of(capsys, "strategies", "--json", *check)
+        assert row["defaults"] == {
+            "stage": 2,
+            "offload": True,
+            "ratio": 0.5,
+            "path": None,
+            "name": "x",
+            "kinds": "frozenset({1})",
+        }
+
+
+def test_a_plain_listing_marks_a_name_whose_requirement_is_missing_unavailable(capsys, monkeypatch):
+    def register(kinds):
+        kinds.register("needy", "collections:OrderedDict", description="x", requires="no-such-dist>=1")
+
+    monkeypatch.setattr(registry, "strategies", registry.Registry("strategy", "stratagem_test.none", register))
+    [row] = _json_of(capsys, "strategies", "--json")
+    assert row["available"] is False
+    assert "pip install 'no-such-dist>=1'" in row["reason"]
+
+
 def test_accelerators_say_why_one_is_not_usable_here(capsys):
-    rows = {row["name"]: row for row in _json_of(capsys, "accelerators", "--json")}
+    rows = {row["name"]: row for row in _json_of(capsys, "accelerators", "--json", "--check")}
     assert rows["cpu"]["available"]
     assert rows["mps"]["available"] or rows["mps"]["reason"]
-    assert main(["accelerators"]) == 0
+    assert main(["accelerators", "--check"]) == 0
     output = capsys.readouterr().out
     for name, row in rows.items():
         if not row["available"]:
@@ -59,7 +118,7 @@ def test_precisions_lists_the_built_in_precisions(capsys):
 
 
 def test_environments_marks_local_as_selected_on_a_plain_machine(capsys):
-    rows = {row["name"]: row for row in _json_of(capsys, "environments", "--json")}
+    rows = {row["name"]: row for row in _json_of(capsys, "environments", "--json", "--check")}
     assert [name for name, row in rows.items() if row["selected"]] == ["local"]
     assert not rows["slurm"]["detected"]
 
@@ -67,7 +126,7 @@ def test_environments_marks_local_as_selected_on_a_plain_machine(capsys):
 def test_environments_marks_slurm_as_detected_and_selected_under_srun(capsys, monkeypatch):
     monkeypatch.setenv("SLURM_NTASKS", "2")
     monkeypatch.setenv("SLURM_JOB_NAME", "train")
-    rows = {row["name"]: row for row in _json_of(capsys, "environments", "--json")}
+    rows = {row["name"]: row for row in _json_of(capsys, "environments", "--json", "--check")}
     assert rows["slurm"]["detected"]
     assert rows["slurm"]["selected"]
     assert rows["local"]["detected"]

@@ -1,6 +1,14 @@
-"""registry/first_party.py is hand-kept; these tests hold it to what installed packages register."""
+"""registry/first_party.py is hand-kept; these tests hold it to what installed packages register, to the
+extras core declares, and its hints to what can be installed."""
+
+import re
+import tomllib
+from pathlib import Path
+
+import pytest
 
 from stratagem import registry
+from stratagem.registry import Registry, _builtins, first_party
 from stratagem.registry.first_party import PACKAGES, owning_package
 from stratagem.registry.registry import BUILTIN_DISTRIBUTION
 
@@ -42,3 +50,105 @@ def test_every_catalogued_name_is_attributed_to_its_own_package():
         for kind, names in package.names.items():
             owners = {name: owning_package(kind, name) for name in names}
             assert all(owner is package for owner in owners.values()), (package.distribution, owners)
+
+
+# -- hints are true for what can be installed -------------------------------------------------
+
+CORE_PYPROJECT = Path(__file__).resolve().parents[1] / "pyproject.toml"
+REGISTRIES = {kind_registry.kind: kind_registry for kind_registry in registry.ALL}
+
+
+def _extras_core_declares():
+    return set(tomllib.loads(CORE_PYPROJECT.read_text())["project"]["optional-dependencies"])
+
+
+def _core_only_strategies(monkeypatch, installed=()):
+    """``registry.strategies`` with core's names only, as if only ``installed`` first-party packages were."""
+    monkeypatch.setattr(first_party, "is_installed", lambda distribution: distribution in installed)
+    strategies = Registry("strategy", "stratagem_test_none.strategies", _builtins.register_strategies)
+    monkeypatch.setattr(registry, "strategies", strategies)
+    return strategies
+
+
+def _unknown_name_message(kind_registry, name):
+    with pytest.raises(ValueError, match=re.escape(repr(name))) as raised:
+        kind_registry.get(name)
+    return str(raised.value)
+
+
+def test_the_installed_core_declares_the_extras_its_pyproject_declares():
+    assert first_party.declared_extras() == _extras_core_declares()
+
+
+def test_a_pip_command_is_given_only_for_extras_core_declares(monkeypatch):
+    monkeypatch.setattr(first_party, "is_installed", lambda distribution: False)
+    declared = _extras_core_declares()
+    for package in PACKAGES:
+        for kind, names in package.names.items():
+            for name in names:
+                hint = first_party.install_hint_for(kind, name) or ""
+                assert package.distribution in hint
+                if package.extra in declared:
+                    assert f'pip install "stratagem[{package.extra}]"' in hint
+                else:
+                    assert "pip install" not in hint
+                    assert f"{package.distribution}, which is not released yet" in hint
+
+
+def test_every_extra_naming_a_first_party_package_is_catalogued():
+    pyproject = tomllib.loads(CORE_PYPROJECT.read_text())["project"]["optional-dependencies"]
+    for extra, requirements in pyproject.items():
+        if extra == "all":
+            continue
+        for requirement in requirements:
+            if requirement.startswith("stratagem-"):
+                assert requirement.split("==")[0] == FIRST_PARTY_BY_EXTRA[extra].distribution
+
+
+FIRST_PARTY_BY_EXTRA = {package.extra: package for package in PACKAGES}
+
+
+def test_an_unreleased_first_party_name_says_so_and_suggests_nothing_else():
+    message = _unknown_name_message(registry.strategies, "hpu_single")
+    assert message.startswith("The strategy 'hpu_single' is provided by stratagem-hpu, which is not released yet")
+    assert "pip install" not in message
+    assert "single_xla" not in message
+
+
+def test_ddp_without_its_package_gives_the_pip_command_and_does_not_suggest_dp(monkeypatch):
+    strategies = _core_only_strategies(monkeypatch)
+    message = _unknown_name_message(strategies, "ddp")
+    assert message.startswith(
+        "The strategy 'ddp' is provided by stratagem-ddp, which is not installed: pip install \"stratagem[ddp]\"."
+    )
+    assert "'dp'" not in message
+
+
+def test_close_matches_are_registered_names_or_installable_ones_with_their_command(monkeypatch):
+    strategies = _core_only_strategies(monkeypatch)
+    message = _unknown_name_message(strategies, "dpp")
+    assert re.search(r"Did you mean [^?]*'ddp'[^?]*\?", message)
+    assert 'They come from stratagem-ddp, which is not installed: pip install "stratagem[ddp]".' in message
+    assert "hpu_single" not in _unknown_name_message(strategies, "hpu_singel")
+    assert "Did you mean 'single_device'?" in _unknown_name_message(strategies, "single_devise")
+
+
+@pytest.mark.parametrize("entry", first_party.LIGHTNING_NAMES, ids=lambda entry: f"{entry.kind}:{entry.name}")
+def test_a_lightning_name_gets_what_it_means_here_and_what_to_use(entry):
+    kind_registry = REGISTRIES[entry.kind]
+    assert entry.name not in kind_registry, f"{entry.name!r} is registered; its Lightning answer would never show"
+    assert owning_package(entry.kind, entry.name) is None
+    message = _unknown_name_message(kind_registry, entry.name)
+    assert message.startswith(f"The {entry.kind} {entry.name!r} is a PyTorch Lightning name stratagem does not use: ")
+    assert entry.answer in message
+    for instead in entry.instead:
+        assert instead in kind_registry or owning_package(entry.kind, instead) is not None, instead
+        assert repr(instead) in message
+
+
+def test_a_lightning_name_pointing_at_an_uninstalled_package_says_how_to_install_it(monkeypatch):
+    strategies = _core_only_strategies(monkeypatch)
+    message = _unknown_name_message(strategies, "ddp_sharded")
+    assert "'fsdp' (from stratagem-fsdp, which is not installed: pip install \"stratagem[fsdp]\")" in message
+    message = _unknown_name_message(strategies, "tpu_spawn")
+    assert "'xla' (from stratagem-xla, which is not released yet" in message

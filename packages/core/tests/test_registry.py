@@ -1,77 +1,15 @@
-import importlib
 import sys
-import textwrap
-import uuid
 from importlib import metadata
 
 import pytest
+from fake_plugins import register_source
 
-from stratagem.registry import Registry
 from stratagem.registry.registry import BUILTIN_DISTRIBUTION
 
 CORE_VERSION = metadata.version("stratagem")
 
 
-class FakeDistributions:
-    """Writes ``<name>.dist-info`` directories and modules into a directory on ``sys.path``.
-
-    Each test gets its own entry-point group, so installed plugins never take part, and
-    module names unique to the test, so nothing is shared through ``sys.modules``.
-    """
-
-    def __init__(self, root, monkeypatch):
-        self.root = root
-        self.tag = uuid.uuid4().hex[:8]
-        self.group = f"stratagem_test_{self.tag}.strategies"
-        self.added = 0
-        monkeypatch.setattr(sys, "path", list(sys.path))
-
-    def module_name(self, stem):
-        return f"{stem}_{self.tag}"
-
-    def add(self, distribution, modules, entry_points, requires=(), version="1.0"):
-        """``modules`` maps module stems to source; ``entry_points`` maps names to ``stem:attr``.
-
-        Each distribution gets its own ``sys.path`` entry, after those added before it, so
-        entry points are discovered in the order the distributions were added.
-        """
-        directory = self.root / distribution
-        directory.mkdir()
-        sys.path.insert(self.added, str(directory))
-        self.added += 1
-        for stem, source in modules.items():
-            (directory / f"{self.module_name(stem)}.py").write_text(textwrap.dedent(source))
-        info = directory / f"{distribution.replace('-', '_')}-{version}.dist-info"
-        info.mkdir()
-        requirement_lines = "".join(f"Requires-Dist: {line}\n" for line in requires)
-        (info / "METADATA").write_text(
-            f"Metadata-Version: 2.1\nName: {distribution}\nVersion: {version}\n{requirement_lines}"
-        )
-        lines = [f"[{self.group}]"]
-        for name, value in entry_points.items():
-            stem, _, attribute = value.partition(":")
-            lines.append(f"{name} = {self.module_name(stem)}:{attribute}")
-        (info / "entry_points.txt").write_text("\n".join(lines) + "\n")
-        importlib.invalidate_caches()
-
-    def registry(self, builtins=None):
-        return Registry("strategy", self.group, builtins)
-
-
-@pytest.fixture
-def fake(tmp_path, monkeypatch):
-    distributions = FakeDistributions(tmp_path, monkeypatch)
-    yield distributions
-    for name in [name for name in sys.modules if name.endswith(distributions.tag)]:
-        del sys.modules[name]
-
-
-def _register_source(*registrations):
-    body = "\n".join(f"    registry.register({line})" for line in registrations) or "    pass"
-    return f"def register(registry):\n{body}\n"
-
-
-_GOOD = _register_source("'good', 'collections:OrderedDict', description='A good one.'")
+_GOOD = register_source("'good', 'collections:OrderedDict', description='A good one.'")
 
 
 def _builtins(registry):
@@ -94,7 +32,7 @@ def test_a_plugin_whose_module_fails_to_import_is_recorded_and_others_still_regi
 
 
 def test_an_exception_in_register_is_recorded_and_rolls_back_what_it_registered(fake):
-    source = _register_source("'half_done', 'collections:OrderedDict', description='Registered first.'")
+    source = register_source("'half_done', 'collections:OrderedDict', description='Registered first.'")
     source += "    raise RuntimeError('register fell over')\n"
     fake.add("raising-plugin", {"raising": source}, {"raising": "raising:register"})
     fake.add("good-plugin", {"good": _GOOD}, {"good": "good:register"})
@@ -134,7 +72,7 @@ def test_an_entry_point_naming_a_missing_attribute_is_recorded(fake):
     ],
 )
 def test_a_plugin_registering_a_bad_target_is_recorded_with_the_reason(fake, registration, message):
-    fake.add("bad-target", {"bad": _register_source(registration)}, {"bad": "bad:register"})
+    fake.add("bad-target", {"bad": register_source(registration)}, {"bad": "bad:register"})
     fake.add("good-plugin", {"good": _GOOD}, {"good": "good:register"})
     registry = fake.registry()
     assert registry.names() == ["good"]
@@ -149,7 +87,7 @@ def test_a_plugin_registering_a_bad_target_is_recorded_with_the_reason(fake, reg
 def test_one_name_from_two_distributions_is_an_error_naming_both(fake):
     for distribution in ("first-plugin", "second-plugin"):
         stem = distribution.replace("-", "_")
-        source = _register_source("'shared', 'collections:OrderedDict', description='Mine.'")
+        source = register_source("'shared', 'collections:OrderedDict', description='Mine.'")
         fake.add(distribution, {stem: source}, {"shared": f"{stem}:register"})
     fake.add("good-plugin", {"good": _GOOD}, {"good": "good:register"})
     registry = fake.registry()
@@ -163,8 +101,8 @@ def test_one_name_from_two_distributions_is_an_error_naming_both(fake):
 
 @pytest.mark.parametrize("override_first", [True, False], ids=["override-first", "override-second"])
 def test_override_true_wins_whichever_registers_first(fake, override_first):
-    plain = _register_source("'shared', 'collections:OrderedDict', description='Plain.'")
-    overriding = _register_source("'shared', 'collections:Counter', description='Override.', override=True")
+    plain = register_source("'shared', 'collections:OrderedDict', description='Plain.'")
+    overriding = register_source("'shared', 'collections:Counter', description='Override.', override=True")
     names = ("a-plugin", "b-plugin")
     sources = (overriding, plain) if override_first else (plain, overriding)
     for distribution, source in zip(names, sources):
@@ -176,14 +114,14 @@ def test_override_true_wins_whichever_registers_first(fake, override_first):
 
 
 def test_a_plugin_can_override_a_built_in_name(fake):
-    source = _register_source("'single_device', 'collections:Counter', description='Mine.', override=True")
+    source = register_source("'single_device', 'collections:Counter', description='Mine.', override=True")
     fake.add("override-plugin", {"override": source}, {"single_device": "override:register"})
     registry = fake.registry(_builtins)
     assert registry.get("single_device").distribution == "override-plugin"
 
 
 def test_a_plugin_reusing_a_built_in_name_without_override_is_a_conflict(fake):
-    source = _register_source("'single_device', 'collections:Counter', description='Mine.'")
+    source = register_source("'single_device', 'collections:Counter', description='Mine.'")
     fake.add("clash-plugin", {"clash": source}, {"single_device": "clash:register"})
     registry = fake.registry(_builtins)
     with pytest.raises(ValueError, match=f"both clash-plugin and {BUILTIN_DISTRIBUTION}"):
@@ -192,7 +130,7 @@ def test_a_plugin_reusing_a_built_in_name_without_override_is_a_conflict(fake):
 
 def test_one_distribution_registering_a_name_twice_is_recorded(fake):
     line = "'twice', 'collections:OrderedDict', description='x'"
-    fake.add("twice-plugin", {"twice": _register_source(line, line)}, {"twice": "twice:register"})
+    fake.add("twice-plugin", {"twice": register_source(line, line)}, {"twice": "twice:register"})
     registry = fake.registry()
     assert registry.names() == []
     assert "registers the strategy 'twice' twice" in registry.problems()[0].error
@@ -202,7 +140,7 @@ def test_one_distribution_registering_a_name_twice_is_recorded(fake):
 
 
 def test_a_plugin_requiring_another_stratagem_version_is_refused_naming_both_versions(fake):
-    marker = _register_source("'too_new', 'collections:OrderedDict', description='x'")
+    marker = register_source("'too_new', 'collections:OrderedDict', description='x'")
     fake.add("future-plugin", {"future": marker}, {"too_new": "future:register"}, requires=["stratagem>=99"])
     registry = fake.registry()
     assert registry.names() == []
@@ -227,7 +165,7 @@ def test_a_plugin_whose_stratagem_range_fits_is_loaded(fake):
 
 
 def test_an_unknown_name_lists_close_matches_and_the_registered_names(fake):
-    source = _register_source(
+    source = register_source(
         "'ddp', 'collections:OrderedDict', description='x'", "'ddp_spawn', 'collections:OrderedDict', description='x'"
     )
     fake.add("ddp-like", {"ddp": source}, {"ddp": "ddp:register"})
@@ -251,7 +189,7 @@ def test_an_unknown_first_party_name_gives_the_pip_install_command(fake, monkeyp
 
 
 def test_a_name_whose_requirement_is_missing_says_what_to_install(fake):
-    source = _register_source("'needs_it', 'collections:OrderedDict', description='x', requires='no-such-dist>=1.2'")
+    source = register_source("'needs_it', 'collections:OrderedDict', description='x', requires='no-such-dist>=1.2'")
     fake.add("needy-plugin", {"needy": source}, {"needs_it": "needy:register"})
     registry = fake.registry()
     description = registry.describe("needs_it")
@@ -262,7 +200,7 @@ def test_a_name_whose_requirement_is_missing_says_what_to_install(fake):
 
 
 def test_a_requirement_installed_at_a_too_old_version_names_the_installed_version(fake):
-    source = _register_source("'old', 'collections:OrderedDict', description='x', requires='pytest>=999'")
+    source = register_source("'old', 'collections:OrderedDict', description='x', requires='pytest>=999'")
     fake.add("old-plugin", {"old": source}, {"old": "old:register"})
     reason = fake.registry().describe("old").reason or ""
     assert f"but pytest {metadata.version('pytest')} is installed" in reason
@@ -280,7 +218,7 @@ class Widget:
 
 
 def test_create_applies_registered_defaults_then_options(fake):
-    source = _register_source(
+    source = register_source(
         f"'widget', '{fake.module_name('widgets')}:Widget', description='x'",
         f"'big_widget', '{fake.module_name('widgets')}:Widget', description='x', defaults={{'size': 10}}",
     )
@@ -293,7 +231,7 @@ def test_create_applies_registered_defaults_then_options(fake):
 
 
 def test_create_rejects_unknown_options_listing_the_accepted_ones(fake):
-    source = _register_source(f"'widget', '{fake.module_name('widgets')}:Widget', description='x'")
+    source = register_source(f"'widget', '{fake.module_name('widgets')}:Widget', description='x'")
     fake.add("widget-plugin", {"widgets": _TARGET, "register_widgets": source}, {"w": "register_widgets:register"})
     with pytest.raises(TypeError, match=r"'widget' does not accept option\(s\) 'shape'. Accepted: colour, size\."):
         fake.registry().create("widget", shape="round")
@@ -304,7 +242,7 @@ def test_create_rejects_unknown_options_listing_the_accepted_ones(fake):
 
 def test_discovery_does_not_import_lazy_targets_until_used(fake):
     target_module = fake.module_name("heavy_backend")
-    source = _register_source(f"'heavy', '{target_module}:Widget', description='x'")
+    source = register_source(f"'heavy', '{target_module}:Widget', description='x'")
     fake.add("lazy-plugin", {"heavy_backend": _TARGET, "light": source}, {"heavy": "light:register"})
     registry = fake.registry()
     assert "heavy" in registry

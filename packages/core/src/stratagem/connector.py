@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import warnings
 from collections.abc import Iterable
 from typing import Any
 
@@ -68,15 +69,26 @@ def detect_environment() -> ClusterEnvironment:
     """The cluster environment this process runs in.
 
     Plugin environments are asked first (they are the more specific), then the built-ins in
-    this order: torchelastic, slurm, lsf, mpi, kubeflow; ``local`` when none matches.
+    this order: torchelastic, slurm, lsf, mpi, kubeflow; ``local`` when none matches. A plugin
+    environment whose code fails (its import, ``detect()``, its constructor) is recorded as a
+    plugin problem, warned about and passed over: one broken plugin must not stop every run.
     """
     environments = registry.environments
     builtin_order = ["torchelastic", "slurm", "lsf", "mpi", "kubeflow"]
-    for name in [*_plugin_names(environments), *builtin_order]:
-        if name not in environments or environments.describe(name).reason is not None:
+    plugin_names = _plugin_names(environments)
+    for name in plugin_names:
+        if registry.requirement_problem(environments.get(name).requires) is not None:
             continue
-        environment_class = environments.load_target(name)
-        if environment_class.detect():
+        try:
+            environment_class = environments.load_target(name)
+            if environments.call_plugin(name, "detect()", environment_class.detect):
+                return environments.call_plugin(name, "creating it", environments.create, name)
+        except registry.PluginError as error:
+            warnings.warn(f"{error} Going on without it; `stratagem doctor` lists it.", RuntimeWarning, stacklevel=2)
+    for name in builtin_order:
+        if name in plugin_names or name not in environments or environments.describe(name).reason is not None:
+            continue
+        if environments.load_target(name).detect():
             return environments.create(name)
     return environments.create("local")
 

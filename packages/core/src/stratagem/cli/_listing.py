@@ -1,4 +1,9 @@
-"""The table (or JSON) that ``stratagem strategies|accelerators|precisions|environments`` print."""
+"""The table (or JSON) that ``stratagem strategies|accelerators|precisions|environments`` print.
+
+A plain listing reads what plugins registered and imports no target (nor torch): whether a name
+is usable here is only known from its declared requirement. ``--check`` imports each target and
+asks it, which is what the AVAILABLE column then shows.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +13,8 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, TextIO
 
-from stratagem.registry import Registry
+from stratagem.registry import Registry, requirement_problem
+from stratagem.registry.registry import json_defaults
 
 Row = dict[str, Any]
 ExtraColumns = Callable[[Registry, Row], Row]
@@ -16,21 +22,28 @@ ExtraColumns = Callable[[Registry, Row], Row]
 
 def add_listing_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print a JSON list instead of a table")
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="import each one (torch and every backend included) and check that it is usable here",
+    )
 
 
-def rows_of(registry: Registry, extra: ExtraColumns | None = None) -> list[Row]:
+def rows_of(registry: Registry, check: bool, extra: ExtraColumns | None = None) -> list[Row]:
     """One row per registered name: name, distribution, description, available here (or why not), ...
 
-    A name two distributions claim is listed once, unavailable, with the conflict as its reason.
+    Without ``check``, ``available`` is ``False`` for a missing requirement and ``None`` (not
+    checked) otherwise, and ``extra`` is not called. A name two distributions claim is listed
+    once, unavailable, with the conflict as its reason.
     """
     rows = []
     for name in registry.names():
         try:
-            row = registry.describe(name).as_dict()
+            row = registry.describe(name).as_dict() if check else _unchecked_row(registry, name)
         except ValueError as error:
             row = {"name": name, "description": "", "distribution": "(conflict)", "available": False}
             row["reason"] = str(error)
-        if extra is not None:
+        if check and extra is not None:
             row.update(extra(registry, row))
         rows.append(row)
     return rows
@@ -45,10 +58,11 @@ def print_listing(
 ) -> int:
     """Print every name of ``registry`` as a table, or as JSON with ``--json``; return the exit status.
 
-    ``extra`` adds keys to each row; ``extra_headers`` names those shown as table columns.
+    ``extra`` adds keys to each row with ``--check``; ``extra_headers`` names those shown as
+    table columns ("?" without ``--check``).
     """
     out = out or sys.stdout
-    rows = rows_of(registry, extra)
+    rows = rows_of(registry, args.check, extra)
     if args.json:
         json.dump(rows, out, indent=2)
         out.write("\n")
@@ -56,18 +70,30 @@ def print_listing(
         headers = ["name", "distribution", "available", *extra_headers, "description"]
         cells = [[_cell(row, header) for header in headers] for row in rows]
         out.write(format_table([header.upper() for header in headers], cells))
-        for row in rows:
-            if not row["available"]:
-                out.write(f"\n{row['name']}: not available here: {row['reason']}")
-        if any(not row["available"] for row in rows):
+        unavailable = [row for row in rows if row["available"] is False]
+        for row in unavailable:
+            out.write(f"\n{row['name']}: not available here: {row['reason']}")
+        if unavailable:
             out.write("\n")
+        if not args.check:
+            out.write(
+                f"\n? = not checked: this listing imported no {registry.kind} (nor torch). "
+                "Run with --check to import and check each one.\n"
+            )
+    print_problems(registry)
+    return 0
+
+
+def print_problems(registry: Registry) -> None:
+    """Each plugin problem of ``registry``, one line each, on stderr."""
     problems = registry.problems()
     if problems:
         print(
             f"{len(problems)} plugin problem(s) in {registry.group}; `stratagem doctor` shows them.",
             file=sys.stderr,
         )
-    return 0
+    for problem in problems:
+        print(f"  {problem.distribution} ({problem.entry_point}): {problem.error}", file=sys.stderr)
 
 
 def format_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
@@ -80,8 +106,23 @@ def format_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _unchecked_row(registry: Registry, name: str) -> Row:
+    registration = registry.get(name)
+    reason = requirement_problem(registration.requires)
+    return {
+        "name": name,
+        "description": registration.description,
+        "distribution": registration.distribution,
+        "requires": registration.requires,
+        "available": False if reason is not None else None,
+        "reason": reason,
+        "defaults": json_defaults(registration.defaults),
+        "target": registration.target_path,
+    }
+
+
 def _cell(row: Row, header: str) -> str:
-    value = row.get(header)
+    value = row.get(header, None)
     if isinstance(value, bool):
         return "yes" if value else "no"
-    return "" if value is None else str(value)
+    return "?" if value is None else str(value)

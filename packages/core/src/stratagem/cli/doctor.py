@@ -9,11 +9,13 @@ import argparse
 import json
 import platform
 import sys
+import warnings
 from importlib import metadata
 from typing import Any
 
 from stratagem import registry
 from stratagem.cli._listing import format_table
+from stratagem.registry import PluginError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -94,10 +96,13 @@ def _accelerators() -> dict[str, dict[str, Any]]:
     for name in registry.accelerators.names():
         try:
             description = registry.accelerators.describe(name)
-            devices = registry.accelerators.load_target(name).device_count() if description.available else 0
+            devices = 0
+            if description.available:
+                accelerator_class = registry.accelerators.load_target(name)
+                devices = registry.accelerators.call_plugin(name, "device_count()", accelerator_class.device_count)
             seen[name] = {"available": description.available, "devices": devices, "reason": description.reason}
-        except Exception as error:  # a broken accelerator plugin is reported, not fatal
-            seen[name] = {"available": False, "devices": 0, "reason": f"{type(error).__name__}: {error}"}
+        except (PluginError, ValueError) as error:  # a broken accelerator plugin is reported, not fatal
+            seen[name] = {"available": False, "devices": 0, "reason": str(error)}
     return seen
 
 
@@ -105,7 +110,9 @@ def _cluster_environment() -> dict[str, str | None]:
     from stratagem.connector import detect_environment
 
     try:
-        environment = detect_environment()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # a failing plugin environment is listed in problems
+            environment = detect_environment()
     except Exception as error:  # e.g. a scheduler variable that is not a number
         return {"name": None, "repr": None, "error": f"{type(error).__name__}: {error}", "place": None}
     name = next(
@@ -154,14 +161,20 @@ def _plugins() -> list[dict[str, str]]:
 
 
 def _problems() -> list[dict[str, str]]:
+    """Every plugin problem: those met while registering and running plugin code, targets that cannot be
+    imported or used (checked now), and entry points in a ``stratagem.*`` group no registry reads."""
+    for kind_registry in registry.ALL:
+        kind_registry.check_targets()
+    problems = [problem for kind_registry in registry.ALL for problem in kind_registry.problems()]
+    problems += registry.unknown_group_problems(kind_registry.group for kind_registry in registry.ALL)
     return [
         {
             "group": problem.group,
             "distribution": problem.distribution,
             "entry_point": problem.entry_point,
+            "stage": problem.stage,
             "error": problem.error,
             "details": problem.details,
         }
-        for kind_registry in registry.ALL
-        for problem in kind_registry.problems()
+        for problem in problems
     ]

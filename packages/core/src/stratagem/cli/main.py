@@ -61,13 +61,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         return int(module.run(args))
-    except (ValueError, TypeError) as error:
-        print(f"stratagem {chosen}: error: {error}", file=sys.stderr)
-        return 2
     except BrokenPipeError:
         # The reader (e.g. `| head`) went away; stop quietly instead of failing again at exit.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
+    except Exception as error:
+        from stratagem.registry import PluginError  # not imported up front: `--help` stays light
+
+        if not isinstance(error, ValueError | TypeError | PluginError):
+            raise
+        print(f"stratagem {chosen}: error: {error}", file=sys.stderr)
+        return 2
 
 
 def _load(name: str) -> ModuleType | None:

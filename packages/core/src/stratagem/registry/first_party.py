@@ -1,20 +1,28 @@
-"""The first-party backend packages, for hints about names whose package is not installed.
+"""What stratagem can say about a name nothing registered: the first-party package that provides it,
+or what a name users bring from Lightning means here.
 
-This is the one hand-kept list in the registry: a package that is not installed cannot be
-asked what it registers. ``tests/test_first_party_catalogue.py`` checks it against every
-first-party package that is installed, so it cannot drift silently.
+These are the hand-kept data of the registry, in one place: a package that is not installed
+cannot be asked what it registers. Whether a package can be installed is not kept here: it is
+read from the extras the installed core declares, so a hint never gives a ``pip install`` that
+cannot work. ``tests/test_first_party_catalogue.py`` holds the catalogue to every installed
+first-party package and to core's extras.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Container
+from dataclasses import dataclass, field
+from importlib import metadata
+
+CORE_DISTRIBUTION = "stratagem"
 
 
 @dataclass(frozen=True)
 class FirstPartyPackage:
+    """A backend package of this project: its core extra and the names it registers, by kind."""
+
     extra: str
     distribution: str
-    prefixes: tuple[str, ...]
     names: dict[str, tuple[str, ...]]
 
 
@@ -24,7 +32,6 @@ PACKAGES: tuple[FirstPartyPackage, ...] = (
     FirstPartyPackage(
         extra="ddp",
         distribution="stratagem-ddp",
-        prefixes=("ddp",),
         names={
             "strategy": (
                 "ddp",
@@ -42,7 +49,6 @@ PACKAGES: tuple[FirstPartyPackage, ...] = (
     FirstPartyPackage(
         extra="fsdp",
         distribution="stratagem-fsdp",
-        prefixes=("fsdp",),
         names={
             "strategy": ("fsdp", "fsdp_cpu_offload", "fsdp_spawn", "fsdp_fork"),
             "checkpoint IO": ("distributed_checkpoint",),
@@ -51,7 +57,6 @@ PACKAGES: tuple[FirstPartyPackage, ...] = (
     FirstPartyPackage(
         extra="deepspeed",
         distribution="stratagem-deepspeed",
-        prefixes=("deepspeed",),
         names={
             "strategy": (
                 "deepspeed",
@@ -69,55 +74,172 @@ PACKAGES: tuple[FirstPartyPackage, ...] = (
     FirstPartyPackage(
         extra="xla",
         distribution="stratagem-xla",
-        prefixes=("xla", "single_xla", "tpu"),
         names={"strategy": ("xla", "single_xla", "xla_fsdp"), "accelerator": ("xla", "tpu")},
     ),
     FirstPartyPackage(
         extra="hpu",
         distribution="stratagem-hpu",
-        prefixes=("hpu",),
         names={"strategy": ("hpu_single", "hpu_parallel"), "accelerator": ("hpu",)},
     ),
     FirstPartyPackage(
         extra="ipu",
         distribution="stratagem-ipu",
-        prefixes=("ipu",),
         names={"strategy": ("ipu_strategy",), "accelerator": ("ipu",)},
     ),
 )
 
 
+@dataclass(frozen=True)
+class LightningName:
+    """A name PyTorch Lightning accepted that means something else here, or nothing any more."""
+
+    kind: str
+    name: str
+    answer: str
+    instead: tuple[str, ...] = field(default=())
+
+
+_NO_FIND_UNUSED = "find_unused_parameters is already False by default here, so the name has no suffix"
+_FAIRSCALE = "Lightning's FairScale sharded DDP, removed in Lightning 2.0 with FairScale"
+
+LIGHTNING_NAMES: tuple[LightningName, ...] = (
+    LightningName("strategy", "ddp2", "Lightning's ddp2 (DP inside a node, DDP across nodes) was removed", ("ddp",)),
+    LightningName("strategy", "ddp_cpu", "Lightning's old ddp_cpu is DDP with accelerator='cpu'", ("ddp",)),
+    *(
+        LightningName("strategy", f"{base}_find_unused_parameters_false", _NO_FIND_UNUSED, (base,))
+        for base in ("ddp", "ddp_spawn", "ddp_fork", "ddp_notebook")
+    ),
+    *(
+        LightningName("strategy", name, _FAIRSCALE, ("fsdp", "deepspeed_stage_2"))
+        for name in (
+            "ddp_sharded",
+            "ddp_sharded_spawn",
+            "ddp_sharded_find_unused_parameters_false",
+            "ddp_sharded_spawn_find_unused_parameters_false",
+        )
+    ),
+    LightningName("strategy", "ddp_fully_sharded", "Lightning's FairScale FSDP; here FSDP is torch's", ("fsdp",)),
+    LightningName("strategy", "fsdp_native", "Lightning 1.x's name for torch's FSDP", ("fsdp",)),
+    LightningName(
+        "strategy",
+        "fsdp_native_full_shard_offload",
+        "Lightning 1.x's name for torch's FSDP with CPU offload",
+        ("fsdp_cpu_offload",),
+    ),
+    LightningName(
+        "strategy", "fsdp_full_shard_offload", "Lightning's FairScale FSDP with CPU offload", ("fsdp_cpu_offload",)
+    ),
+    LightningName(
+        "strategy",
+        "horovod",
+        "Lightning removed Horovod in 2.0 and stratagem has no Horovod strategy; ranks started by "
+        "horovodrun/mpirun are joined by the 'mpi' environment",
+        ("ddp",),
+    ),
+    LightningName(
+        "strategy",
+        "bagua",
+        "Lightning moved Bagua to the lightning-bagua package; stratagem has no Bagua strategy",
+        ("ddp",),
+    ),
+    LightningName(
+        "strategy",
+        "colossalai",
+        "Lightning moved Colossal-AI to the lightning-colossalai package; stratagem has no Colossal-AI strategy",
+        ("fsdp", "deepspeed_stage_3"),
+    ),
+    LightningName(
+        "strategy",
+        "hivemind",
+        "Lightning moved Hivemind to the lightning-hivemind package; stratagem has no Hivemind strategy",
+        ("ddp",),
+    ),
+    LightningName("strategy", "tpu_spawn", "Lightning's old name for the XLA strategy", ("xla",)),
+    LightningName("strategy", "tpu_spawn_debug", "Lightning's old name for the XLA strategy (debug)", ("xla",)),
+    LightningName("strategy", "xla_debug", "Lightning's debug variant of the XLA strategy", ("xla",)),
+    LightningName("strategy", "single_tpu", "Lightning's old name for one XLA device", ("single_xla",)),
+    *(
+        LightningName(
+            "precision",
+            name,
+            "Lightning's NVIDIA Transformer Engine precision has no stratagem equivalent",
+            ("bf16-mixed",),
+        )
+        for name in ("transformer-engine", "transformer-engine-float16")
+    ),
+)
+
+
 def owning_package(kind: str, name: str) -> FirstPartyPackage | None:
-    """The first-party package that provides ``name`` of this kind, if any."""
+    """The first-party package that registers ``name`` of this kind, if the catalogue lists it."""
     for package in PACKAGES:
         if name in package.names.get(kind, ()):
             return package
-    if kind == "strategy" or kind in _KINDS_WITH_PREFIX_MATCH:
-        for package in PACKAGES:
-            if any(name.startswith(prefix) for prefix in package.prefixes):
-                return package
     return None
 
 
-_KINDS_WITH_PREFIX_MATCH = ("accelerator",)
+def lightning_name(kind: str, name: str) -> LightningName | None:
+    """What a Lightning name of this kind means here, if it is one stratagem does not register."""
+    return next((entry for entry in LIGHTNING_NAMES if (entry.kind, entry.name) == (kind, name)), None)
+
+
+def declared_extras() -> frozenset[str]:
+    """The extras the installed core declares: the only ``pip install "stratagem[x]"`` that can work."""
+    try:
+        extras = metadata.metadata(CORE_DISTRIBUTION).get_all("Provides-Extra") or []
+    except metadata.PackageNotFoundError:
+        return frozenset()
+    return frozenset(extras)
+
+
+def is_installed(distribution: str) -> bool:
+    try:
+        metadata.version(distribution)
+    except metadata.PackageNotFoundError:
+        return False
+    return True
+
+
+def how_to_get(package: FirstPartyPackage) -> str:
+    """``'stratagem-x, which is not installed: pip install ...'`` or why it cannot be installed yet."""
+    if package.extra in declared_extras():
+        return f'{package.distribution}, which is not installed: pip install "stratagem[{package.extra}]"'
+    return f"{package.distribution}, which is not released yet: this stratagem declares no [{package.extra}] extra"
 
 
 def install_hint_for(kind: str, name: str) -> str | None:
-    """``'... pip install "stratagem[x]"'`` when ``name`` belongs to a first-party package that is not installed."""
-    from importlib import metadata
-
+    """Where ``name`` comes from and how to get it, when it belongs to a first-party package not installed."""
     package = owning_package(kind, name)
-    if package is None:
+    if package is None or is_installed(package.distribution):
         return None
-    try:
-        metadata.version(package.distribution)
-    except metadata.PackageNotFoundError:
-        return (
-            f"The {kind} {name!r} is provided by {package.distribution}, which is not installed: "
-            f'pip install "stratagem[{package.extra}]".'
-        )
-    return None
+    return f"The {kind} {name!r} is provided by {how_to_get(package)}."
 
 
-def first_party_names(kind: str) -> tuple[str, ...]:
-    return tuple(name for package in PACKAGES for name in package.names.get(kind, ()))
+def uninstalled_installable_names(kind: str) -> dict[str, FirstPartyPackage]:
+    """First-party names of this kind a user can install now but has not: worth suggesting, with the command."""
+    extras = declared_extras()
+    return {
+        name: package
+        for package in PACKAGES
+        if package.extra in extras and not is_installed(package.distribution)
+        for name in package.names.get(kind, ())
+    }
+
+
+def lightning_answer(kind: str, name: str, is_registered: Container[str]) -> str | None:
+    """A sentence saying what a Lightning name means here and what to use (or install) instead."""
+    entry = lightning_name(kind, name)
+    if entry is None:
+        return None
+    if not entry.instead:
+        return f"{entry.answer}."
+    return f"{entry.answer}; use {' or '.join(_usable(kind, other, is_registered) for other in entry.instead)}."
+
+
+def _usable(kind: str, name: str, is_registered: Container[str]) -> str:
+    package = owning_package(kind, name)
+    if name in is_registered or package is None:
+        return repr(name)
+    if is_installed(package.distribution):
+        return f"{name!r} (from {package.distribution}, installed but not loaded: `stratagem doctor` says why)"
+    return f"{name!r} (from {how_to_get(package)})"

@@ -6,16 +6,19 @@ import contextlib
 import difflib
 import importlib
 import inspect
+import json
 import threading
 import traceback
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any
 
-from stratagem.registry.first_party import install_hint_for
+from stratagem.registry import first_party
 
-BUILTIN_DISTRIBUTION = "stratagem"
+BUILTIN_DISTRIBUTION = first_party.CORE_DISTRIBUTION
+BUILTIN_ENTRY_POINT = "built in"
+GROUP_PREFIX = "stratagem."
 
 
 @dataclass(frozen=True)
@@ -29,6 +32,7 @@ class Registration:
     defaults: Mapping[str, Any]
     distribution: str
     override: bool
+    entry_point: str = BUILTIN_ENTRY_POINT
 
     @property
     def target_path(self) -> str:
@@ -58,20 +62,45 @@ class Description:
             "requires": self.requires,
             "available": self.available,
             "reason": self.reason,
-            "defaults": {key: repr(value) for key, value in self.defaults.items()},
+            "defaults": json_defaults(self.defaults),
             "target": self.target,
         }
 
 
 @dataclass(frozen=True)
 class PluginProblem:
-    """A plugin that could not be registered, and why."""
+    """Plugin code that failed, or a plugin declared so that stratagem cannot use it, and why.
+
+    ``stage`` says when: ``"refused"`` (made for another stratagem), ``"load"`` (its entry
+    point could not be imported or is not a register function), ``"register"`` (its register
+    function raised; what it registered was rolled back), ``"target"`` (a registered target
+    cannot be imported or is not usable), ``"call"`` (a method such as ``detect()`` raised),
+    ``"conflict"`` or ``"group"`` (an entry point in a group stratagem does not read).
+    ``names`` are the names this problem may have kept from being registered.
+    """
 
     group: str
     distribution: str
     entry_point: str
     error: str
     details: str = field(default="", repr=False)
+    stage: str = "register"
+    names: tuple[str, ...] = ()
+
+
+class PluginError(Exception):
+    """A plugin's code failed where stratagem ran it; the failure is also kept as ``problem``."""
+
+    def __init__(self, message: str, problem: PluginProblem) -> None:
+        super().__init__(message)
+        self.problem = problem
+
+
+_STAGE_PHRASES = {
+    "refused": "which was refused",
+    "load": "which could not be loaded",
+    "register": "whose register function failed, so what it registered was rolled back",
+}
 
 
 class Registry:
@@ -80,18 +109,34 @@ class Registry:
     Filled on first use from the built-ins and from the entry points of ``group``. Each
     entry point names a light function ``register(registry)`` that calls :meth:`register`.
     Discovery imports only those functions; a target given as ``"module:attr"`` is imported
-    when its name is used.
+    when its name is used, and a target that is a class must subclass ``interface``
+    (``"module:Class"``) and leave no abstract method unimplemented.
+
+    Plugin code (a register function, a target's import, ``detect()``, ``is_available()``)
+    runs fenced: anything it raises other than ``KeyboardInterrupt`` -- ``SystemExit``
+    included -- is recorded as a :class:`PluginProblem` naming the distribution and entry
+    point, and every name that does not need that code keeps working.
     """
 
-    def __init__(self, kind: str, group: str, builtins: Callable[[Registry], None] | None = None) -> None:
+    def __init__(
+        self,
+        kind: str,
+        group: str,
+        builtins: Callable[[Registry], None] | None = None,
+        interface: str | None = None,
+    ) -> None:
         self.kind = kind
         self.group = group
+        self.interface = interface
         self._builtins = builtins
         self._entries: dict[str, Registration] = {}
         self._conflicts: dict[str, list[Registration]] = {}
         self._problems: list[PluginProblem] = []
         self._distribution = BUILTIN_DISTRIBUTION
+        self._entry_point = BUILTIN_ENTRY_POINT
+        self._registered_now: list[str] = []
         self._loaded = False
+        self._loading = False
         self._lock = threading.RLock()
 
     # -- what plugins call --------------------------------------------------------------
@@ -122,7 +167,9 @@ class Registry:
             defaults=dict(defaults or {}),
             distribution=self._distribution,
             override=override,
+            entry_point=self._entry_point,
         )
+        self._registered_now.append(name)
         existing = self._entries.get(name)
         if name in self._conflicts:
             self._conflicts[name].append(registration)
@@ -166,11 +213,14 @@ class Registry:
             raise self.unknown_name_error(name) from None
 
     def describe(self, name: str) -> Description:
-        """Description, owning distribution, requirement, and whether it is usable here (or why not)."""
+        """Description, owning distribution, requirement, and whether it is usable here (or why not).
+
+        Imports the target (unless its requirement is missing) and asks its ``is_available()``.
+        """
         registration = self.get(name)
         reason = requirement_problem(registration.requires)
         if reason is None:
-            reason = self._target_unavailable_reason(registration)
+            reason = self._unavailable_reason(registration)
         return Description(
             name=name,
             description=registration.description,
@@ -183,12 +233,16 @@ class Registry:
         )
 
     def load_target(self, name: str) -> Any:
-        """The class or factory behind ``name``, imported now; fails clearly if its requirement is missing."""
+        """The class or factory behind ``name``, imported now.
+
+        ``ImportError`` if its requirement is missing; :class:`PluginError` naming the plugin if
+        the import fails or the class is not a usable ``interface`` (wrong base, abstract methods).
+        """
         registration = self.get(name)
         problem = requirement_problem(registration.requires)
         if problem is not None:
             raise ImportError(f"The {self.kind} {name!r} (from {registration.distribution}) {problem}.")
-        return _import_target(registration)
+        return self._checked_target(registration)
 
     def create(self, name: str, **options: Any) -> Any:
         """Create ``name`` with its registered defaults updated by ``options``.
@@ -208,8 +262,33 @@ class Registry:
                 )
         return target(**merged)
 
+    def call_plugin(self, name: str, what: str, function: Callable[..., Any], *args: Any) -> Any:
+        """``function(*args)``, run as code of the plugin that registered ``name``.
+
+        Anything it raises but ``KeyboardInterrupt`` is recorded as a problem of that plugin
+        and raised as :class:`PluginError`, which callers catch to go on without it. ``what``
+        names the call in the problem (``"detect()"``).
+        """
+        registration = self.get(name)
+        try:
+            return function(*args)
+        except KeyboardInterrupt:
+            raise
+        except BaseException as error:
+            raise self._failure(registration, f"{what} raised {_error_text(error)}", "call", error) from error
+
+    def check_targets(self) -> None:
+        """Import every target whose requirement is met and record those that cannot be used."""
+        for name in self.names():
+            if name in self._conflicts:
+                continue
+            registration = self._entries[name]
+            if requirement_problem(registration.requires) is None:
+                with contextlib.suppress(PluginError):
+                    self._checked_target(registration)
+
     def problems(self) -> list[PluginProblem]:
-        """Plugins that failed to register (and name conflicts), with their distributions."""
+        """Plugins that failed (to register, import, or answer) and name conflicts, with their distributions."""
         self._ensure_loaded()
         conflicts = [
             PluginProblem(
@@ -217,26 +296,62 @@ class Registry:
                 distribution=" and ".join(sorted({r.distribution for r in registrations})),
                 entry_point=name,
                 error=f"{self.kind} name {name!r} registered by several distributions without override=True",
+                stage="conflict",
+                names=(name,),
             )
             for name, registrations in self._conflicts.items()
         ]
         return [*self._problems, *conflicts]
 
     def unknown_name_error(self, name: str) -> ValueError:
-        """The one error for a name nobody registered: close matches, what exists, what to install."""
+        """The one error for a name nobody registered: the plugin problem that explains it, what a
+        Lightning name means here, where a first-party name comes from, close matches, what exists."""
         known = sorted([*self._entries, *self._conflicts])
-        hint = install_hint_for(self.kind, name)
-        from stratagem.registry.first_party import first_party_names
-
-        candidates = sorted(set(known) | set(first_party_names(self.kind)))
-        close = [match for match in difflib.get_close_matches(name, candidates, n=4, cutoff=0.6) if match != name][:3]
-        parts = [f"Unknown {self.kind} {name!r}."]
-        if hint:
-            parts.append(hint)
-        if close:
-            parts.append("Did you mean " + " or ".join(repr(match) for match in close) + "?")
+        explained = [problem for problem in self._problems if name in problem.names]
+        if explained:
+            problem = explained[0]
+            phrase = _STAGE_PHRASES.get(problem.stage, "which failed")
+            return ValueError(
+                f"The {self.kind} {name!r} would come from {problem.distribution} ({problem.entry_point}), "
+                f"{phrase}: {problem.error}. `stratagem doctor --tracebacks` shows the details."
+            )
+        lightning = first_party.lightning_answer(self.kind, name, known)
+        if lightning is not None:
+            parts = [f"The {self.kind} {name!r} is a PyTorch Lightning name stratagem does not use: {lightning}"]
+        elif (hint := first_party.install_hint_for(self.kind, name)) is not None:
+            parts = [hint]
+        else:
+            parts = [f"Unknown {self.kind} {name!r}."]
+            close = self._close_matches(name, known)
+            if close:
+                parts.append(close)
+        unexplained = [p for p in self._problems if p.stage in _STAGE_PHRASES]
+        if unexplained:
+            failed = "; ".join(f"{p.distribution} ({p.entry_point}): {p.error}" for p in unexplained)
+            parts.append(f"Plugins that failed to load may provide it: {failed}. `stratagem doctor` shows them.")
         parts.append(f"Registered {self.kind} names: {', '.join(known) or '(none)'}.")
         return ValueError(" ".join(parts))
+
+    def _close_matches(self, name: str, known: list[str]) -> str | None:
+        """A "did you mean" over registered names and installable first-party ones, saying how to install those."""
+        installable = first_party.uninstalled_installable_names(self.kind)
+        candidates = sorted(set(known) | set(installable))
+        matches = [match for match in difflib.get_close_matches(name, candidates, n=4, cutoff=0.6) if match != name]
+        if not matches:
+            return None
+        sentence = "Did you mean " + " or ".join(repr(match) for match in matches[:3]) + "?"
+        by_distribution: dict[str, list[str]] = {}
+        for match in matches[:3]:
+            if match in installable:
+                by_distribution.setdefault(installable[match].distribution, []).append(repr(match))
+        for distribution, names in by_distribution.items():
+            package = next(p for p in first_party.PACKAGES if p.distribution == distribution)
+            if len(names) == len(matches[:3]):
+                subject = "It comes" if len(names) == 1 else "They come"
+            else:
+                subject = f"{' and '.join(names)} {'comes' if len(names) == 1 else 'come'}"
+            sentence += f" {subject} from {first_party.how_to_get(package)}."
+        return sentence
 
     # -- discovery -----------------------------------------------------------------------
 
@@ -244,68 +359,210 @@ class Registry:
         if self._loaded:
             return
         with self._lock:
-            if self._loaded:
+            # A register function that asks this registry for its names sees what is registered so far.
+            if self._loaded or self._loading:
                 return
-            if self._builtins is not None:
-                self._builtins(self)
-            for entry_point in metadata.entry_points(group=self.group):
-                self._load_entry_point(entry_point)
+            self._loading = True
+            try:
+                if self._builtins is not None:
+                    self._builtins(self)
+                for entry_point in self._entry_points():
+                    self._load_entry_point(entry_point)
+            except BaseException:
+                # Interrupted: start again from nothing next time, so built-ins are never registered twice.
+                self._entries, self._conflicts, self._problems = {}, {}, []
+                raise
+            finally:
+                self._loading = False
             self._loaded = True
+
+    def _entry_points(self) -> list[metadata.EntryPoint]:
+        try:
+            return list(metadata.entry_points(group=self.group))
+        except KeyboardInterrupt:
+            raise
+        except BaseException as error:
+            self._problems.append(
+                PluginProblem(self.group, "<unreadable metadata>", "", _error_text(error), _traceback(error), "load")
+            )
+            return []
 
     def _load_entry_point(self, entry_point: metadata.EntryPoint) -> None:
         distribution = entry_point.dist.name if entry_point.dist is not None else "<unknown distribution>"
         label = f"{entry_point.name} = {entry_point.value}"
-        incompatibility = _core_incompatibility(entry_point.dist)
-        if incompatibility is not None:
-            self._problems.append(PluginProblem(self.group, distribution, label, incompatibility))
-            return
         snapshot = (dict(self._entries), {k: list(v) for k, v in self._conflicts.items()})
+        self._registered_now = []
+        stage = "load"
         try:
+            incompatibility = _core_incompatibility(entry_point.dist)
+            if incompatibility is not None:
+                names = self._names_it_may_provide(distribution, entry_point.name, [])
+                self._problems.append(
+                    PluginProblem(self.group, distribution, label, incompatibility, stage="refused", names=names)
+                )
+                return
             register = entry_point.load()
-            if not callable(register):
-                raise TypeError(
-                    f"entry point {label!r} names {type(register).__name__}, not a register(registry) function"
-                )
-            with self._registering_as(distribution):
+            _check_register_function(register, label)
+            stage = "register"
+            with self._registering_as(distribution, label):
                 register(self)
-        except Exception as error:  # a broken plugin must not break the others
+        except KeyboardInterrupt:
+            raise
+        except BaseException as error:  # a broken plugin must not break the others, nor exit the program
             self._entries, self._conflicts = snapshot
+            names = self._names_it_may_provide(distribution, entry_point.name, self._registered_now)
             self._problems.append(
-                PluginProblem(
-                    self.group,
-                    distribution,
-                    label,
-                    f"{type(error).__name__}: {error}",
-                    "".join(traceback.format_exception(error)),
-                )
+                PluginProblem(self.group, distribution, label, _error_text(error), _traceback(error), stage, names)
             )
 
+    def _names_it_may_provide(self, distribution: str, entry_point_name: str, registered: list[str]) -> tuple[str, ...]:
+        package = next((p for p in first_party.PACKAGES if p.distribution == distribution), None)
+        catalogued = package.names.get(self.kind, ()) if package is not None else ()
+        names = [*registered, *catalogued] or [entry_point_name]
+        return tuple(dict.fromkeys(name for name in names if name not in self._entries))
+
     @contextlib.contextmanager
-    def _registering_as(self, distribution: str) -> Iterator[None]:
-        previous = self._distribution
-        self._distribution = distribution
+    def _registering_as(self, distribution: str, entry_point: str) -> Iterator[None]:
+        previous = self._distribution, self._entry_point
+        self._distribution, self._entry_point = distribution, entry_point
         try:
             yield
         finally:
-            self._distribution = previous
+            self._distribution, self._entry_point = previous
 
-    def _target_unavailable_reason(self, registration: Registration) -> str | None:
+    # -- targets -------------------------------------------------------------------------
+
+    def _checked_target(self, registration: Registration) -> Any:
+        what = f"importing its target {registration.target_path}"
         try:
             target = _import_target(registration)
-        except Exception as error:
-            return f"cannot import {registration.target_path}: {type(error).__name__}: {error}"
-        is_available = getattr(target, "is_available", None)
-        if isinstance(target, type) and callable(is_available):
-            try:
-                if not is_available():
-                    reason = getattr(target, "unavailable_reason", None)
-                    return reason() if callable(reason) else "not available on this machine"
-            except TypeError:
-                return None
+        except KeyboardInterrupt:
+            raise
+        except BaseException as error:
+            raise self._failure(registration, f"{what} raised {_error_text(error)}", "target", error) from error
+        defect = self._defect_of(target)
+        if defect is not None:
+            raise self._failure(registration, f"its target {registration.target_path} {defect}", "target")
+        return target
+
+    def _defect_of(self, target: Any) -> str | None:
+        """Why ``target`` cannot create a usable instance of this kind, or ``None``."""
+        if not isinstance(target, type):
+            return None if callable(target) else f"is a {type(target).__name__}, not a class or a factory"
+        if self.interface is not None:
+            interface = _import_path(self.interface)
+            if not issubclass(target, interface):
+                return f"is not a subclass of {interface.__module__}.{interface.__qualname__}"
+        if inspect.isabstract(target):
+            missing = ", ".join(sorted(getattr(target, "__abstractmethods__", ())))
+            return f"leaves abstract method(s) unimplemented: {missing}"
         return None
+
+    def _unavailable_reason(self, registration: Registration) -> str | None:
+        try:
+            target = self._checked_target(registration)
+            # Only a static or class method can be asked before an instance exists.
+            probe = inspect.getattr_static(target, "is_available", None) if isinstance(target, type) else None
+            if not isinstance(probe, staticmethod | classmethod):
+                return None
+            if self.call_plugin(registration.name, "is_available()", probe.__get__(None, target)):
+                return None
+            reason = getattr(target, "unavailable_reason", None)
+            if callable(reason):
+                return str(self.call_plugin(registration.name, "unavailable_reason()", reason))
+            return "not available on this machine"
+        except PluginError as error:
+            return error.problem.error
+
+    def _failure(
+        self, registration: Registration, what: str, stage: str, error: BaseException | None = None
+    ) -> PluginError:
+        """Record that the plugin behind ``registration`` failed (``what``); the error to raise."""
+        problem = PluginProblem(
+            group=self.group,
+            distribution=registration.distribution,
+            entry_point=registration.entry_point,
+            error=f"{self.kind} {registration.name!r}: {what}",
+            details=_traceback(error) if error is not None else "",
+            stage=stage,
+        )
+        with self._lock:
+            if not any(
+                (known.distribution, known.error) == (problem.distribution, problem.error) for known in self._problems
+            ):
+                self._problems.append(problem)
+        return PluginError(
+            f"The {self.kind} {registration.name!r} from {registration.distribution} "
+            f"({registration.entry_point}) cannot be used: {what}.",
+            problem,
+        )
 
     def __repr__(self) -> str:
         return f"Registry(kind={self.kind!r}, group={self.group!r})"
+
+
+def unknown_group_problems(known_groups: Iterable[str]) -> list[PluginProblem]:
+    """Entry points in a ``stratagem.*`` group no registry reads (``stratagem.strategy``): ignored otherwise."""
+    known = set(known_groups)
+    problems = []
+    every = metadata.entry_points()
+    unread = sorted(group for group in every.groups if group.startswith(GROUP_PREFIX) and group not in known)
+    for entry_point in (point for group in unread for point in every.select(group=group)):
+        group = entry_point.group
+        close = difflib.get_close_matches(group, sorted(known), n=1, cutoff=0.6)
+        hint = f"did you mean {close[0]!r}?" if close else f"stratagem reads {', '.join(sorted(known))}"
+        problems.append(
+            PluginProblem(
+                group=group,
+                distribution=entry_point.dist.name if entry_point.dist is not None else "<unknown distribution>",
+                entry_point=f"{entry_point.name} = {entry_point.value}",
+                error=f"entry-point group {group!r} is not one stratagem reads, so this entry point is ignored; {hint}",
+                stage="group",
+            )
+        )
+    return problems
+
+
+def json_defaults(defaults: Mapping[str, Any]) -> dict[str, Any]:
+    """``defaults`` with JSON values kept as they are (ints stay ints) and anything else as its repr."""
+    return {key: value if _is_json(value) else repr(value) for key, value in defaults.items()}
+
+
+def _is_json(value: Any) -> bool:
+    try:
+        json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+def _error_text(error: BaseException) -> str:
+    text = str(error)
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
+
+
+def _traceback(error: BaseException) -> str:
+    return "".join(traceback.format_exception(error))
+
+
+def _check_register_function(register: Any, label: str) -> None:
+    if isinstance(register, type):
+        path = f"{register.__module__}:{register.__qualname__}"
+        raise TypeError(
+            f"entry point {label!r} names the class {path}, not a register(registry) function; point it at a "
+            f"function that calls registry.register('<name>', {path!r}, description='...')"
+        )
+    if not callable(register):
+        raise TypeError(f"entry point {label!r} names {type(register).__name__}, not a register(registry) function")
+    try:
+        inspect.signature(register).bind(None)
+    except TypeError:
+        raise TypeError(
+            f"entry point {label!r} names {getattr(register, '__qualname__', register)!r}, which cannot be called "
+            "as register(registry)"
+        ) from None
+    except ValueError:  # no signature to inspect (a builtin): let the call tell
+        return
 
 
 def requirement_problem(requires: str | None) -> str | None:
@@ -351,7 +608,11 @@ def _check_registration(kind: str, name: Any, target: Any, description: Any, req
 def _import_target(registration: Registration) -> Any:
     if not isinstance(registration.target, str):
         return registration.target
-    module_name, _, attribute = registration.target.partition(":")
+    return _import_path(registration.target)
+
+
+def _import_path(path: str) -> Any:
+    module_name, _, attribute = path.partition(":")
     value: Any = importlib.import_module(module_name)
     for part in attribute.split("."):
         value = getattr(value, part)
