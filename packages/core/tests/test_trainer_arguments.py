@@ -50,6 +50,7 @@ from stratagem.loggers import CSVLogger
         ("strategy", "no_such_strategy", ValueError, r"no_such_strategy"),
         ("accelerator", "tpu9", ValueError, r"tpu9"),
         ("devices", 0, ValueError, r"devices=0 is not valid"),
+        ("devices", 1000000, ValueError, r"devices=1000000 asks for 1000000 CPU processes"),
         ("num_nodes", 0, ValueError, r"num_nodes=0"),
         ("plugins", 42, TypeError, r"plugins=42 \(int\) is not valid"),
     ],
