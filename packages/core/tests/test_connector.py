@@ -1,6 +1,7 @@
 import importlib
 import multiprocessing
 import os
+import re
 import subprocess
 import sys
 import uuid
@@ -11,6 +12,7 @@ import torch
 
 import stratagem
 from stratagem import registry
+from stratagem.accelerators.cpu import CPUAccelerator
 from stratagem.checkpoint_io import TorchCheckpointIO
 from stratagem.connector import detect_environment
 from stratagem.environments import LocalEnvironment, SLURMEnvironment
@@ -95,6 +97,78 @@ def test_a_strategy_instance_is_configured_not_replaced():
     assert stratagem.resolve(strategy=mine, accelerator="cpu") is mine
 
 
+def _bf16_on_two_devices() -> _InProcessParallel:
+    return _InProcessParallel(precision=MixedPrecision("bfloat16"), parallel_devices=[torch.device("cpu")] * 2)
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"precision": "16-mixed"}, r"=_InProcessParallel\(precision='bf16-mixed'\) contradicts precision='16-mixed'"),
+        ({"plugins": [MixedPrecision("float16")]}, r"\(precision='bf16-mixed'\) contradicts plugins=\[MixedPrecision"),
+        ({"devices": 3}, r"\(parallel_devices=\['cpu', 'cpu'\]\) contradicts devices=3 \(3 device"),
+        ({"devices": "0,1,2,3"}, r"\(parallel_devices=\['cpu', 'cpu'\]\) contradicts devices='0,1,2,3'"),
+    ],
+)  # fmt: skip
+def test_a_setting_given_to_the_strategy_instance_and_contradicted_is_refused_naming_both(options, message):
+    with pytest.raises(ValueError, match=message):
+        stratagem.resolve(strategy=_bf16_on_two_devices(), accelerator="cpu", **options)
+
+
+def test_a_setting_given_to_the_strategy_instance_and_agreed_with_or_left_unset_is_used():
+    agreed = stratagem.resolve(strategy=_bf16_on_two_devices(), accelerator="cpu", precision="bf16", devices=2)
+    unset = stratagem.resolve(strategy=_bf16_on_two_devices(), accelerator="cpu")
+    for strategy in (agreed, unset):
+        assert strategy.precision.name == "bf16-mixed"
+        assert strategy.num_processes == strategy.world_size == 2
+
+
+def test_the_trainer_precision_applies_to_a_strategy_instance_without_one():
+    strategy = stratagem.resolve(strategy=_InProcessParallel(), accelerator="cpu", devices=2, precision="bf16-true")
+    assert strategy.precision.name == "bf16-true"
+
+
+@pytest.mark.parametrize(
+    ("option", "own", "plugin"),
+    [
+        ("checkpoint_io", TorchCheckpointIO(), TorchCheckpointIO()),
+        ("cluster_environment", LocalEnvironment(), LocalEnvironment()),
+    ],
+)
+def test_a_plugin_given_to_the_strategy_instance_and_in_plugins_is_refused(option, own, plugin):
+    with pytest.raises(ValueError, match=rf"strategy=_InProcessParallel\({option}=.*\) contradicts plugins=\["):
+        stratagem.resolve(strategy=_InProcessParallel(**{option: own}), accelerator="cpu", devices=2, plugins=plugin)
+
+
+def test_an_accelerator_given_to_the_strategy_instance_and_contradicted_is_refused():
+    class _StandInCUDA(CPUAccelerator):
+        device_type = "cuda"
+
+    with pytest.raises(
+        ValueError, match=r"strategy=_InProcessParallel\(accelerator='cuda'\) contradicts accelerator='cpu'"
+    ):
+        stratagem.resolve(strategy=_InProcessParallel(accelerator=_StandInCUDA()), accelerator="cpu", devices=2)
+
+
+def test_a_strategy_instance_used_by_one_trainer_is_refused_by_the_next():
+    strategy = _InProcessParallel()
+    stratagem.resolve(strategy=strategy, accelerator="cpu", devices=2)
+    with pytest.raises(
+        ValueError, match=r"was already configured by an earlier Trainer .*create a new _InProcessParallel"
+    ):
+        stratagem.resolve(strategy=strategy, accelerator="cpu", devices=4)
+    assert strategy.num_processes == 2
+
+
+def test_a_strategy_instance_whose_configuration_failed_is_refused_too(monkeypatch):
+    monkeypatch.delenv("MASTER_ADDR", raising=False)
+    strategy = _InProcessParallel()
+    with pytest.raises(ValueError, match=r"num_nodes=2"):
+        stratagem.resolve(strategy=strategy, accelerator="cpu", devices=2, num_nodes=2)
+    with pytest.raises(ValueError, match=r"was already configured"):
+        stratagem.resolve(strategy=strategy, accelerator="cpu", devices=3)
+
+
 @pytest.mark.parametrize("strategy", [3, None, SingleDeviceStrategy])
 def test_a_strategy_that_is_neither_a_name_nor_an_instance_is_a_type_error(strategy):
     with pytest.raises(TypeError, match=r"strategy=.*expected a registered name .*single_device"):
@@ -175,10 +249,14 @@ def test_an_unknown_precision_lists_full_and_short_forms():
         stratagem.resolve(accelerator="cpu", precision="fp8")
 
 
-@pytest.mark.parametrize("precision", [True, 16.0, None])
+@pytest.mark.parametrize("precision", [True, 16.0, b"32"])
 def test_a_precision_of_the_wrong_type_is_a_type_error(precision):
     with pytest.raises(TypeError, match=r"precision="):
         stratagem.resolve(accelerator="cpu", precision=precision)
+
+
+def test_no_precision_means_32_true():
+    assert stratagem.resolve(accelerator="cpu", precision=None).precision.name == "32-true"
 
 
 # -- plugins --------------------------------------------------------------------------------
@@ -213,14 +291,22 @@ def test_a_plugin_of_no_known_kind_is_a_type_error(plugin):
         stratagem.resolve(accelerator="cpu", plugins=[plugin])
 
 
+@pytest.mark.parametrize("plugins", [42, 1.5, object()])
+def test_plugins_that_are_neither_a_plugin_nor_a_list_are_a_type_error_naming_plugins(plugins):
+    expected = rf"plugins={re.escape(repr(plugins))} \({type(plugins).__name__}\) is not valid; expected a Precision"
+    with pytest.raises(TypeError, match=expected):
+        stratagem.resolve(accelerator="cpu", plugins=plugins)
+
+
 def test_an_unknown_plugin_name_lists_the_accepted_names():
     with pytest.raises(ValueError, match=r"plugins= got the name 'slrum'; expected one of .*slurm"):
         stratagem.resolve(accelerator="cpu", plugins="slrum")
 
 
-def test_a_precision_plugin_contradicting_precision_is_refused():
-    with pytest.raises(ValueError, match=r"precision='bf16-mixed' contradicts the precision plugin"):
-        stratagem.resolve(accelerator="cpu", precision="bf16-mixed", plugins=[TruePrecision("float64")])
+@pytest.mark.parametrize("precision", ["bf16-mixed", "32-true", 32])
+def test_a_precision_plugin_contradicting_precision_is_refused(precision):
+    with pytest.raises(ValueError, match=rf"precision={precision!r} contradicts the precision plugin"):
+        stratagem.resolve(accelerator="cpu", precision=precision, plugins=[TruePrecision("float64")])
 
 
 def test_an_environment_plugin_is_validated_against_devices_before_anything_starts(monkeypatch):

@@ -1,4 +1,5 @@
 import argparse
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -39,6 +40,14 @@ def test_the_demo_resumes_from_its_last_checkpoint(tmp_path, capsys):
 def test_a_bad_option_is_reported_without_a_traceback(tmp_path, capsys):
     assert _run_demo("--precision", "8-true", "--root-dir", str(tmp_path)) == 2
     assert "stratagem demo: precision='8-true' is not valid" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("name", "suggestion"), [("slurm", ""), ("asyn", "Did you mean 'async'\\? ")])
+def test_a_checkpoint_io_that_is_not_one_is_refused_listing_the_registered_ones(tmp_path, capsys, name, suggestion):
+    assert _run_demo("--checkpoint-io", name, "--root-dir", str(tmp_path)) == 2
+    expected = rf"stratagem demo: --checkpoint-io '{name}' is not valid: Unknown checkpoint IO '{name}'\. {suggestion}"
+    assert re.search(expected + r"Registered checkpoint IO names: async, .*torch", capsys.readouterr().err)
+    assert not any(tmp_path.iterdir()), "nothing ran"
 
 
 def test_the_synthetic_data_is_fixed_and_learnable():

@@ -1,3 +1,6 @@
+import os
+from pathlib import Path
+
 import pytest
 from trainer_testing import ClassifierModule, make_loader, quiet_trainer
 
@@ -29,6 +32,14 @@ from stratagem.loggers import CSVLogger
         ("log_every_n_steps", 0, ValueError, r"log_every_n_steps=0"),
         ("deterministic", "yes", TypeError, r"deterministic='yes'"),
         ("seed", -1, ValueError, r"seed=-1"),
+        (
+            "seed",
+            2**70,
+            ValueError,
+            r"seed=1180591620717411303424 is not valid; expected None or an int in \[0, 2\*\*63",
+        ),
+        ("seed", 2**63, ValueError, r"seed=9223372036854775808 is not valid"),
+        ("seed", "1", TypeError, r"seed='1' \(str\)"),
         ("use_distributed_sampler", 1, TypeError, r"use_distributed_sampler=1"),
         ("enable_progress_bar", None, TypeError, r"enable_progress_bar=None"),
         ("enable_checkpointing", "no", TypeError, r"enable_checkpointing='no'"),
@@ -39,13 +50,48 @@ from stratagem.loggers import CSVLogger
         ("strategy", "no_such_strategy", ValueError, r"no_such_strategy"),
         ("accelerator", "tpu9", ValueError, r"tpu9"),
         ("devices", 0, ValueError, r"devices=0 is not valid"),
+        ("devices", 1000000, ValueError, r"devices=1000000 asks for 1000000 CPU processes"),
         ("num_nodes", 0, ValueError, r"num_nodes=0"),
+        ("plugins", 42, TypeError, r"plugins=42 \(int\) is not valid"),
     ],
 )
 def test_a_bad_option_fails_at_construction_naming_option_and_value(tmp_path, option, value, error, message):
     options = {"accelerator": "cpu", "default_root_dir": tmp_path, option: value}
     with pytest.raises(error, match=message):
         stratagem.Trainer(**options)
+
+
+def test_the_largest_seed_is_accepted(tmp_path):
+    assert stratagem.Trainer(accelerator="cpu", default_root_dir=tmp_path, seed=2**63 - 1).settings.seed == 2**63 - 1
+
+
+def test_a_default_root_dir_that_is_a_file_or_under_one_fails_at_construction(tmp_path):
+    file = tmp_path / "notes.txt"
+    file.write_text("")
+    with pytest.raises(ValueError, match=r"default_root_dir='.*notes\.txt' is not valid: it exists and is not a dir"):
+        stratagem.Trainer(accelerator="cpu", default_root_dir=file)
+    with pytest.raises(
+        ValueError, match=r"default_root_dir='.*notes\.txt/runs/a' is not valid: .*notes\.txt' is a file"
+    ):
+        stratagem.Trainer(accelerator="cpu", default_root_dir=file / "runs" / "a")
+
+
+@pytest.mark.parametrize("missing", [False, True])
+def test_an_unwritable_default_root_dir_fails_at_construction(tmp_path, monkeypatch, missing):
+    # Checked through os.access, which also answers for read-only file systems; this user may be root,
+    # whom permission bits do not stop, so the answer is stood in for.
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda path, mode: Path(path) != locked and real_access(path, mode))
+    root = locked / "run" if missing else locked
+    with pytest.raises(ValueError, match=r"default_root_dir='.*locked(/run)?' is not writable: this process may not"):
+        stratagem.Trainer(accelerator="cpu", default_root_dir=root)
+
+
+def test_a_default_root_dir_that_does_not_exist_yet_is_accepted(tmp_path):
+    trainer = stratagem.Trainer(accelerator="cpu", default_root_dir=tmp_path / "new" / "run")
+    assert trainer.default_root_dir == tmp_path / "new" / "run"
 
 
 def test_check_val_every_n_epoch_none_needs_an_interval_in_batches(tmp_path):

@@ -31,6 +31,9 @@ def _power_sgd_state():
         ({"bucket_cap_mb": 0}, ValueError, r"bucket_cap_mb=0 is not valid; expected a positive number"),
         ({"model_averaging_period": 0}, ValueError, r"model_averaging_period=0 is not valid"),
         ({"ddp_comm_hook": "fp16"}, TypeError, r"ddp_comm_hook='fp16' is not valid; expected a function"),
+        ({"timeout": -5}, ValueError, r"timeout=-5 is not valid; expected a positive number of seconds"),
+        ({"timeout": "abc"}, TypeError, r"timeout='abc' \(str\) is not valid"),
+        ({"process_group_backend": "glo"}, ValueError, r"process_group_backend='glo' is not valid: .*Known: gloo"),
     ],
 )
 def test_invalid_option_values_name_the_option_and_what_is_accepted(options, error, message):

@@ -109,6 +109,41 @@ def test_a_bad_config_key_surfaces_deepspeeds_own_error_naming_it_before_launch(
         resolve(strategy)
 
 
+def test_a_misspelt_top_level_key_is_refused_before_launch_suggesting_the_right_one(tmp_path):
+    # DeepSpeed's config class ignores top-level keys it does not look up: this ran as ZeRO stage 0.
+    path = tmp_path / "ds_config.json"
+    path.write_text(json.dumps({"zero_optimisation": {"stage": 3}, "bf16": {"enabled": True}}))
+    expected = (
+        r"top-level key\(s\) DeepSpeed does not read.*'zero_optimisation' \(did you mean 'zero_optimization'\?\)\.$"
+    )
+    with pytest.raises(ValueError, match=expected):
+        resolve(DeepSpeedStrategy(config=str(path)), precision="bf16-mixed")
+
+
+def test_a_top_level_key_like_none_of_deepspeeds_is_refused_listing_the_keys_deepspeed_reads():
+    with pytest.raises(ValueError, match=r"'learning_rate'\. The keys DeepSpeed reads: activation_checkpointing, .*"
+                       r"optimizer, .*zero_optimization\."):  # fmt: skip
+        resolve(DeepSpeedStrategy(config={"zero_optimization": {"stage": 2}, "learning_rate": 0.1}))
+
+
+def test_a_config_using_many_of_deepspeeds_sections_is_accepted():
+    config = {
+        "zero_optimization": {"stage": 1},
+        "optimizer": {"type": "Adam", "params": {"lr": 1e-3}},
+        "scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 10}},
+        "steps_per_print": 10,
+        "wall_clock_breakdown": False,
+        "flops_profiler": {"enabled": False},
+        "tensorboard": {"enabled": False},
+        "activation_checkpointing": {"partition_activations": False},
+        "comms_logger": {"enabled": False},
+        "zero_allow_untested_optimizer": True,
+        "gradient_clipping": 0.0,
+        "train_micro_batch_size_per_gpu": 1,
+    }
+    assert resolve(DeepSpeedStrategy(config=config)).config["steps_per_print"] == 10
+
+
 @pytest.mark.parametrize("precision", ["16-mixed", "16-true"])
 def test_fp16_on_cpu_is_refused_before_launch_suggesting_bf16(precision):
     with pytest.raises(ValueError, match=rf"precision='{precision}'.*accelerator='cpu'.*'bf16-mixed'"):

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import sys
 import warnings
+import weakref
 from collections.abc import Iterable
 from typing import Any
+
+import torch
 
 from stratagem import registry
 from stratagem.accelerators import Accelerator
@@ -22,7 +25,15 @@ PRECISION_SHORT_FORMS: dict[str, str] = {
 }
 """What the short precision names stand for, as users of this kind of library know them."""
 
+DEFAULT_PRECISION = "32-true"
+"""The precision of a run that names none (neither ``precision=``, a precision plugin, nor a strategy instance)."""
+
 Plugin = Precision | CheckpointIO | ClusterEnvironment | str
+
+# A strategy instance holds one run's wiring (devices, environment, world size) once configured; a
+# second resolve() would run with the first one's values. Kept here, so that no strategy has to
+# remember it.
+_configured_strategies: weakref.WeakSet[Strategy] = weakref.WeakSet()
 
 
 def resolve(
@@ -30,25 +41,44 @@ def resolve(
     strategy: str | Strategy = "auto",
     devices: int | list[int] | str = "auto",
     num_nodes: int = 1,
-    precision: str | int = "32-true",
+    precision: str | int | None = None,
     plugins: Plugin | Iterable[Plugin] | None = None,
 ) -> Strategy:
     """Build the Strategy that ``Trainer(...)`` would run, wired with its accelerator,
     precision, checkpoint IO, cluster environment and launcher.
 
     Every invalid value or combination raises ``ValueError`` / ``TypeError`` here, naming the
-    option, the value and what would be accepted, before any process starts.
+    option, the value and what would be accepted, before any process starts. A strategy
+    instance may carry its own accelerator, precision, checkpoint IO, environment and devices:
+    the same setting given here too must agree with it, and an instance is configured once
+    (a second ``Trainer`` needs a new one).
     """
     precision_plugin, checkpoint_io, environment = _sort_plugins(plugins)
     strategy_instance = _check_strategy_argument(strategy)
+    if strategy_instance is not None:
+        _refuse_configured(strategy_instance)
     accelerator_instance = _resolve_accelerator(accelerator, strategy_instance)
     device_list = accelerator_instance.parse_devices(devices)
     _check_num_nodes(num_nodes)
     precision_instance = _resolve_precision(precision, precision_plugin)
+    if strategy_instance is not None:
+        _check_agreement(
+            strategy_instance,
+            accelerator=(accelerator, accelerator_instance),
+            devices=(devices, device_list),
+            precision=(precision, precision_instance),
+            checkpoint_io=checkpoint_io,
+            environment=environment,
+        )
+        precision_instance = strategy_instance._precision or precision_instance
+        device_list = _given_devices(strategy_instance) or device_list
+    precision_instance = precision_instance or _create_precision(DEFAULT_PRECISION)
     precision_instance.check_accelerator(accelerator_instance)
     environment = environment or detect_environment()
     if strategy_instance is None:
         strategy_instance = _create_strategy(str(strategy), total_devices=len(device_list) * num_nodes)
+    # Marked before configuring: a configure that fails may already have changed the instance.
+    _configured_strategies.add(strategy_instance)
     strategy_instance.configure(
         accelerator=accelerator_instance,
         devices=device_list,
@@ -114,6 +144,12 @@ def is_interactive() -> bool:
     return ipython is not None and getattr(ipython, "get_ipython", lambda: None)() is not None
 
 
+_PLUGINS_ACCEPTED = (
+    "a Precision, CheckpointIO or ClusterEnvironment instance, the name of a registered checkpoint IO or "
+    "environment, or a list of these"
+)
+
+
 def _sort_plugins(
     plugins: Plugin | Iterable[Plugin] | None,
 ) -> tuple[Precision | None, CheckpointIO | None, ClusterEnvironment | None]:
@@ -121,8 +157,10 @@ def _sort_plugins(
         items: list[Any] = []
     elif isinstance(plugins, Precision | CheckpointIO | ClusterEnvironment | str):
         items = [plugins]
-    else:
+    elif isinstance(plugins, Iterable):
         items = list(plugins)
+    else:
+        raise TypeError(f"plugins={plugins!r} ({type(plugins).__name__}) is not valid; expected {_PLUGINS_ACCEPTED}.")
     found: dict[type, Any] = {}
     for item in items:
         plugin = _plugin_from_name(item) if isinstance(item, str) else item
@@ -148,6 +186,73 @@ def _plugin_from_name(name: str) -> Any:
         known = registry.checkpoint_io.names() + registry.environments.names()
         raise ValueError(f"plugins= got the name {name!r}; expected one of {', '.join(sorted(known))}.")
     return owners[0].create(name)
+
+
+def _refuse_configured(strategy: Strategy) -> None:
+    if strategy in _configured_strategies:
+        raise ValueError(
+            f"strategy={strategy!r} was already configured by an earlier Trainer or resolve() call (also when that "
+            "call failed, it may have set the instance's devices, environment and world size). A strategy instance "
+            f"serves one Trainer: create a new {type(strategy).__name__}(...) for this one."
+        )
+
+
+def _given_devices(strategy: Strategy) -> list[torch.device] | None:
+    # Parallel strategies keep the devices given to their constructor here (None when not given).
+    devices = getattr(strategy, "parallel_devices", None)
+    return list(devices) if devices else None
+
+
+def _check_agreement(
+    strategy: Strategy,
+    *,
+    accelerator: tuple[Any, Accelerator],
+    devices: tuple[Any, list[torch.device]],
+    precision: tuple[Any, Precision | None],
+    checkpoint_io: CheckpointIO | None,
+    environment: ClusterEnvironment | None,
+) -> None:
+    """A setting given both to the strategy instance and to resolve()/the Trainer must agree; a setting given in
+    only one place is taken from there."""
+    name = type(strategy).__name__
+    given_accelerator, resolved_accelerator = accelerator
+    if (
+        strategy._accelerator is not None
+        and given_accelerator != "auto"
+        and strategy._accelerator.device_type != resolved_accelerator.device_type
+    ):
+        raise ValueError(
+            f"strategy={name}(accelerator={strategy._accelerator.device_type!r}) contradicts "
+            f"accelerator={given_accelerator!r}. Give the accelerator in one place, or make them agree."
+        )
+    given_devices, device_list = devices
+    strategy_devices = _given_devices(strategy)
+    if strategy_devices is not None and given_devices != "auto" and strategy_devices != device_list:
+        raise ValueError(
+            f"strategy={name}(parallel_devices={[str(device) for device in strategy_devices]}) contradicts "
+            f"devices={given_devices!r} ({len(device_list)} device(s)). Give the devices in one place, or make "
+            "them agree."
+        )
+    given_precision, resolved_precision = precision
+    if (
+        strategy._precision is not None
+        and resolved_precision is not None
+        and strategy._precision.name != resolved_precision.name
+    ):
+        where = f"precision={given_precision!r}" if given_precision is not None else f"plugins=[{resolved_precision!r}]"
+        raise ValueError(
+            f"strategy={name}(precision={strategy._precision.name!r}) contradicts {where}. Give the precision in "
+            "one place, or make them agree."
+        )
+    for option, plugin, own in (
+        ("checkpoint_io", checkpoint_io, strategy._checkpoint_io),
+        ("cluster_environment", environment, getattr(strategy, "cluster_environment", None)),
+    ):
+        if plugin is not None and own is not None and plugin is not own:
+            raise ValueError(
+                f"strategy={name}({option}={own!r}) contradicts plugins=[{plugin!r}]: both give the {option}. "
+                "Give it in one place."
+            )
 
 
 def _check_strategy_argument(strategy: Any) -> Strategy | None:
@@ -204,21 +309,28 @@ def _check_num_nodes(num_nodes: Any) -> None:
         raise ValueError(f"num_nodes={num_nodes!r} is not valid; expected a positive int.")
 
 
-def _resolve_precision(precision: Any, plugin: Precision | None) -> Precision:
+def _resolve_precision(precision: Any, plugin: Precision | None) -> Precision | None:
+    """The precision given by ``precision=`` or a precision plugin; ``None`` when neither gives one."""
+    if precision is None:
+        return plugin
     if isinstance(precision, bool) or not isinstance(precision, str | int):
         raise TypeError(
             f"precision={precision!r} ({type(precision).__name__}) is not valid; expected one of "
-            f"{_precision_choices()}."
+            f"{_precision_choices()}, or None for {DEFAULT_PRECISION!r}."
         )
     name = PRECISION_SHORT_FORMS.get(str(precision), str(precision))
+    if name not in registry.precisions:
+        raise ValueError(f"precision={precision!r} is not valid; expected one of {_precision_choices()}.")
     if plugin is not None:
-        if name != "32-true" and name != plugin.name:
+        if name != plugin.name:
             raise ValueError(
                 f"precision={precision!r} contradicts the precision plugin {plugin!r} in plugins=; give one of them."
             )
         return plugin
-    if name not in registry.precisions:
-        raise ValueError(f"precision={precision!r} is not valid; expected one of {_precision_choices()}.")
+    return _create_precision(name)
+
+
+def _create_precision(name: str) -> Precision:
     precision_instance = registry.precisions.create(name)
     if not isinstance(precision_instance, Precision):
         raise TypeError(f"The precision {name!r} created {precision_instance!r}, which is not a Precision.")

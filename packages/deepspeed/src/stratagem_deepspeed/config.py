@@ -8,9 +8,10 @@ before any worker starts.
 from __future__ import annotations
 
 import copy
+import difflib
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -127,6 +128,28 @@ def _read_json(path: Path, origin: str) -> dict[str, Any]:
     if not isinstance(loaded, dict):
         raise ValueError(f"{origin}: the file holds a {type(loaded).__name__}; expected a JSON object.")
     return loaded
+
+
+def check_top_level_keys(config: Mapping[str, Any], known: Collection[str], tolerated: Collection[str] = ()) -> None:
+    """Refuse top-level keys of ``config`` that are neither ``known`` (the keys DeepSpeed reads: listed and
+    suggested) nor ``tolerated`` (key names DeepSpeed defines, some of them nested, accepted without being listed).
+
+    DeepSpeed looks up the keys it knows and ignores the rest, so a misspelt section would silently not apply.
+    """
+    unknown = sorted(set(config) - set(known) - set(tolerated))
+    if not unknown:
+        return
+    described = []
+    every_key_has_a_match = True
+    for key in unknown:
+        close = difflib.get_close_matches(str(key), sorted(known), n=3, cutoff=0.75)
+        every_key_has_a_match = every_key_has_a_match and bool(close)
+        described.append(f"{key!r} (did you mean {' or '.join(map(repr, close))}?)" if close else repr(key))
+    listing = "" if every_key_has_a_match else f" The keys DeepSpeed reads: {', '.join(sorted(known))}."
+    raise ValueError(
+        f"The DeepSpeed config has top-level key(s) DeepSpeed does not read, which it would ignore without a word: "
+        f"{', '.join(described)}.{listing}"
+    )
 
 
 def zero_stage(config: Mapping[str, Any]) -> int:

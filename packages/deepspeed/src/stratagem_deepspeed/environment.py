@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import copy
 import os
+import re
+from collections.abc import KeysView
 from types import ModuleType
 from typing import Any
+
+from stratagem_deepspeed.config import check_top_level_keys
 
 ACCELERATOR_VARIABLE = "DS_ACCELERATOR"
 
@@ -68,13 +72,58 @@ def async_io_problem() -> str | None:
 
 def check_config_with_deepspeed(config: dict[str, Any]) -> None:
     """Parse ``config`` with DeepSpeed's own config class, so that its error (naming the bad key)
-    reaches the user before any process starts, as a ``ValueError``."""
+    reaches the user before any process starts, as a ``ValueError``; then refuse top-level keys
+    DeepSpeed does not read, which it would ignore without a word."""
     from deepspeed.runtime.config import DeepSpeedConfig
 
     # Outside the workers DeepSpeed sees a world of one; the batch-size product was checked already.
     parsed = copy.deepcopy(config)
     parsed.pop("train_batch_size", None)
+    read: set[str] = set()
     try:
-        DeepSpeedConfig(parsed)
+        DeepSpeedConfig(_recording_reads(parsed, read))
     except Exception as error:
         raise ValueError(f"DeepSpeed rejects the config: {type(error).__name__}: {error}") from error
+    check_top_level_keys(config, known=read | set(_KEYS_READ_BY_INITIALIZE), tolerated=_deepspeed_key_constants())
+
+
+_KEYS_READ_BY_INITIALIZE = ("data_parallel_size", "sequence_parallel_size")
+"""Top-level keys ``deepspeed.initialize`` reads itself (to build a device mesh), outside its config class."""
+
+
+def _recording_reads(config: dict[str, Any], read: set[str]) -> dict[str, Any]:
+    """``config`` as a dict that adds every key looked up in it to ``read`` (also in the copies DeepSpeed makes)."""
+
+    class _ReadKeys(KeysView[str]):
+        def __contains__(self, key: object) -> bool:
+            read.add(str(key))
+            return super().__contains__(key)
+
+    class _Recording(dict[str, Any]):
+        def get(self, key: str, default: Any = None) -> Any:
+            read.add(key)
+            return super().get(key, default)
+
+        def __getitem__(self, key: str) -> Any:
+            read.add(key)
+            return super().__getitem__(key)
+
+        def __contains__(self, key: object) -> bool:
+            read.add(str(key))
+            return super().__contains__(key)
+
+        def keys(self) -> _ReadKeys:  # type: ignore[override]
+            return _ReadKeys(self)
+
+    return _Recording(config)
+
+
+def _deepspeed_key_constants() -> set[str]:
+    """The config keys DeepSpeed names in ``deepspeed.runtime.constants`` (its top-level keys, and some nested ones)."""
+    from deepspeed.runtime import constants
+
+    return {
+        value
+        for name, value in vars(constants).items()
+        if name.isupper() and isinstance(value, str) and re.fullmatch(r"[a-z][a-z0-9_]*", value)
+    }

@@ -40,6 +40,7 @@ def run(args: argparse.Namespace) -> int:
     from stratagem.trainer import Trainer
 
     try:
+        _check_checkpoint_io(args.checkpoint_io)
         trainer = Trainer(
             accelerator=args.accelerator,
             strategy=args.strategy,
@@ -61,6 +62,14 @@ def run(args: argparse.Namespace) -> int:
     if trainer.is_global_zero:
         print(summary(trainer))
     return 0
+
+
+def _check_checkpoint_io(name: str | None) -> None:
+    # plugins= also takes environment names; --checkpoint-io must name a checkpoint IO.
+    from stratagem import registry
+
+    if name is not None and name not in registry.checkpoint_io:
+        raise ValueError(f"--checkpoint-io {name!r} is not valid: {registry.checkpoint_io.unknown_name_error(name)}")
 
 
 def summary(trainer: Trainer) -> str:

@@ -17,6 +17,11 @@ from stratagem.environments.cluster_environment import ClusterEnvironment
 from stratagem.launchers import Launcher, check_start_method, create_launcher
 from stratagem.precision import Precision
 from stratagem.strategies._backend_threads import wait_for_idle_gloo_workers
+from stratagem.strategies._process_group_options import (
+    check_backend_fits_device,
+    check_process_group_backend,
+    check_timeout,
+)
 from stratagem.strategies.strategy import ReduceOp, Strategy
 
 DEFAULT_TIMEOUT = timedelta(minutes=30)
@@ -57,8 +62,8 @@ class ParallelStrategy(Strategy, ABC):
         self._launcher: Launcher | None = None
         self.parallel_devices = parallel_devices
         self.cluster_environment = cluster_environment
-        self._process_group_backend = process_group_backend
-        self.timeout = timeout if isinstance(timeout, timedelta) else timedelta(seconds=float(timeout))
+        self._process_group_backend = check_process_group_backend(process_group_backend)
+        self.timeout = check_timeout(timeout)
         self.num_nodes = 1
         self._created_process_group = False
 
@@ -78,6 +83,7 @@ class ParallelStrategy(Strategy, ABC):
         self.parallel_devices = self.parallel_devices or devices
         self.cluster_environment = self.cluster_environment or cluster_environment
         self.num_nodes = num_nodes
+        check_backend_fits_device(self._process_group_backend, self.accelerator.device_type)
         self.cluster_environment.validate_settings(len(self.parallel_devices), num_nodes)
         self._set_world_ranks()
         self.complete_configuration()

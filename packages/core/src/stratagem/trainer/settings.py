@@ -32,6 +32,9 @@ class TrainerSettings:
 DEFAULT_MAX_EPOCHS = 1000
 """Used when neither ``max_epochs`` nor ``max_steps`` is given, as users of this kind of library expect."""
 
+MAX_SEED = 2**63 - 1
+"""The largest ``seed``: torch's generators take 64-bit seeds, and the distributed sampler adds the epoch to it."""
+
 
 def parse_settings(
     *,
@@ -103,13 +106,15 @@ def parse_settings(
         )
     if default_root_dir is None:
         default_root_dir = os.getcwd()
-    if not isinstance(default_root_dir, str | os.PathLike):
+    elif isinstance(default_root_dir, str | os.PathLike):
+        check_writable_directory(Path(default_root_dir), "default_root_dir")
+    else:
         raise TypeError(f"default_root_dir={default_root_dir!r} is not valid; expected a path (str or Path) or None.")
     _int(log_every_n_steps, "log_every_n_steps", minimum=1, accepted="a positive int")
     if not isinstance(deterministic, bool):
         raise TypeError(f"deterministic={deterministic!r} is not valid; expected True or False.")
     if seed is not None:
-        _int(seed, "seed", minimum=0, accepted="None or an int >= 0")
+        _int(seed, "seed", minimum=0, maximum=MAX_SEED, accepted="None or an int in [0, 2**63 - 1]")
     if not isinstance(use_distributed_sampler, bool):
         raise TypeError(f"use_distributed_sampler={use_distributed_sampler!r} is not valid; expected True or False.")
     return TrainerSettings(
@@ -133,10 +138,33 @@ def parse_settings(
     )
 
 
-def _int(value: Any, name: str, *, minimum: int, accepted: str) -> None:
+def check_writable_directory(path: Path, option: str) -> None:
+    """Refuse ``path`` unless it is a directory this process can write in, or one it can create.
+
+    Checked when the option is given, so that a run does not spend its compute before the first save finds out.
+    """
+    existing = path
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if existing == path and not path.is_dir():
+        raise ValueError(f"{option}={str(path)!r} is not valid: it exists and is not a directory. Give a directory.")
+    if not existing.is_dir():
+        raise ValueError(
+            f"{option}={str(path)!r} is not valid: {str(existing)!r} is a file, so the directory cannot be created."
+        )
+    if not os.access(existing, os.W_OK | os.X_OK):
+        what = "the directory" if existing == path else f"its closest existing parent {str(existing)!r}"
+        raise ValueError(
+            f"{option}={str(path)!r} is not writable: this process may not create files in {what} (its "
+            "permissions, or a read-only file system). Give a directory you can write in; logs and checkpoints go "
+            "there."
+        )
+
+
+def _int(value: Any, name: str, *, minimum: int, accepted: str, maximum: int | None = None) -> None:
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{name}={value!r} ({type(value).__name__}) is not valid; expected {accepted}.")
-    if value < minimum:
+    if value < minimum or (maximum is not None and value > maximum):
         raise ValueError(f"{name}={value!r} is not valid; expected {accepted}.")
 
 

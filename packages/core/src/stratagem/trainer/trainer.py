@@ -43,7 +43,8 @@ class Trainer:
     Construction resolves ``accelerator``/``strategy``/``devices``/``num_nodes``/``precision``/
     ``plugins`` through :func:`stratagem.resolve` and checks every loop option, so a bad value
     fails here, before any process starts. The loops only call strategy methods; they never
-    look at which strategy runs.
+    look at which strategy runs. ``precision=None`` means the precision of a strategy instance or
+    precision plugin, else ``"32-true"``.
 
     ``max_epochs``/``max_steps``: when to stop (neither given: 1000 epochs; ``-1``: no limit).
     ``limit_*_batches``: how much data a pass reads (an int number of batches or a fraction).
@@ -66,7 +67,7 @@ class Trainer:
         strategy: str | Strategy = "auto",
         devices: int | list[int] | str = "auto",
         num_nodes: int = 1,
-        precision: str | int = "32-true",
+        precision: str | int | None = None,
         plugins: Plugin | Iterable[Plugin] | None = None,
         max_epochs: int | None = None,
         max_steps: int = -1,
