@@ -21,7 +21,7 @@ from deepspeed_testing import (
 )
 
 import stratagem
-from stratagem.checkpoint_io import TorchCheckpointIO, read_full_checkpoint
+from stratagem.checkpoint_io import CheckpointError, TorchCheckpointIO, read_full_checkpoint
 from stratagem_deepspeed import DeepSpeedCheckpointIO, convert_zero_checkpoint_to_fp32_state_dict
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(600)]
@@ -189,7 +189,7 @@ def test_a_failed_save_leaves_the_previous_checkpoint_whole_and_fails_on_every_r
 def test_pickled_objects_load_only_when_weights_only_is_off(workers, tmp_path):
     path = tmp_path / "custom"
     workers.run(train_and_save, "deepspeed_stage_2", 1, str(path), "32-true", NotATensor(5))
-    with pytest.raises(RuntimeError, match="weights_only=False"):
+    with pytest.raises(CheckpointError, match="weights_only=False"):
         read_full_checkpoint(path, TorchCheckpointIO())
     assert read_full_checkpoint(path, TorchCheckpointIO(), weights_only=False)["extra"].value == 5
 
@@ -199,7 +199,7 @@ def test_a_foreign_object_in_the_shard_directory_is_refused_by_a_weights_only_lo
     shutil.copytree(saved["deepspeed_stage_3"][0], path)
     tag = (path / "latest").read_text()
     torch.save({"payload": NotATensor(1)}, path / tag / "zz_extra_model_states.pt")
-    with pytest.raises(RuntimeError, match=r"zz_extra_model_states.pt.*NotATensor.*weights_only=False"):
+    with pytest.raises(CheckpointError, match=r"zz_extra_model_states.pt.*NotATensor.*weights_only=False"):
         read_full_checkpoint(path, TorchCheckpointIO())
 
 

@@ -9,8 +9,9 @@ name only the metadata dataclasses of ``torch.distributed.checkpoint`` (as torch
 from __future__ import annotations
 
 import pickle
+import struct
 from pathlib import Path, PosixPath, PurePosixPath, PureWindowsPath, WindowsPath
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch.distributed.checkpoint.filesystem import _StorageInfo
@@ -54,7 +55,16 @@ _ALLOWED: dict[tuple[str, str], Any] = {
 
 
 # What unpickling bytes that are not (or no longer) a pickle raises.
-_CORRUPTION = (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, KeyError, IndexError)
+_CORRUPTION = (
+    pickle.UnpicklingError,
+    EOFError,
+    ValueError,
+    TypeError,
+    AttributeError,
+    KeyError,
+    IndexError,
+    struct.error,
+)
 
 
 class _Refused(pickle.UnpicklingError):
@@ -64,7 +74,8 @@ class _Refused(pickle.UnpicklingError):
 class _MetadataUnpickler(pickle._Unpickler):  # type: ignore[name-defined,misc]
     """The pure-Python unpickler (its opcodes can be overridden) with an allowlist of globals."""
 
-    dispatch = dict(pickle._Unpickler.dispatch)  # type: ignore[attr-defined]
+    dispatch: ClassVar[dict[int, Any]] = dict(pickle._Unpickler.dispatch)  # type: ignore[attr-defined]
+    stack: list[Any]
 
     def find_class(self, module: str, name: str) -> Any:
         allowed = _ALLOWED.get((module, name))

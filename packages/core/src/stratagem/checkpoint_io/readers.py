@@ -42,7 +42,7 @@ def check_checkpoint(checkpoint: object, path: PathLike, required: Collection[st
         bare = bool(checkpoint) and all(isinstance(value, torch.Tensor) for value in checkpoint.values())
         hint = " (a bare state dict? load it with module.load_state_dict(torch.load(path)))" if bare else ""
         raise CheckpointError(
-            f"{str(path)!r} is not a stratagem checkpoint: it has no {', '.join(map(repr, missing))} entry; it holds "
+            f"{str(path)!r} is not a stratagem checkpoint: it lacks {', '.join(map(repr, missing))}; it holds "
             f"{_describe(checkpoint)}{hint}."
         )
     return checkpoint

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from stratagem.callbacks.model_checkpoint import ModelCheckpoint, find_last_checkpoint
+from stratagem.checkpoint_io import CheckpointError
 from stratagem.trainer.rng import capture_rng_state
 
 if TYPE_CHECKING:
@@ -137,8 +138,10 @@ def _default_dir(trainer: Trainer) -> Path:
 
 def _check_format(checkpoint: dict[str, Any], path: str) -> None:
     version = checkpoint.get("format_version", FORMAT_VERSION)
+    if not isinstance(version, int):
+        raise CheckpointError(f"{path!r} has the format_version {version!r}; a stratagem checkpoint has an int.")
     if version > FORMAT_VERSION:
-        raise ValueError(
+        raise CheckpointError(
             f"{path!r} has checkpoint format {version}, newer than this stratagem reads ({FORMAT_VERSION}); "
             "upgrade stratagem."
         )
