@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import io
-import pickle
-import re
 import shutil
 import warnings
 from collections.abc import Iterator
@@ -25,6 +23,7 @@ from stratagem.checkpoint_io import (
     CheckpointIO,
     PathLike,
     check_checkpoint,
+    explain_load_failure,
     load_torch_file,
     move_into_place,
     temporary_sibling,
@@ -177,20 +176,13 @@ class _WeightsOnlyBytes:
         if not self.weights_only:
             super().load_bytes(read_item, value)  # type: ignore[misc]
             return
-        entry = f"{read_item.dest_index.fqn!r}"
         try:
             loaded = torch.load(value, weights_only=True)
-        except pickle.UnpicklingError as error:
-            refused = re.search(r"GLOBAL ([\w.]+)", str(error))
-            if refused is None:
-                raise CheckpointError(f"The checkpoint entry {entry} is truncated or corrupt.") from error
-            raise CheckpointError(
-                f"The checkpoint entry {entry} references {refused.group(1)}, which a weights-only load does not "
-                "allow: unpickling it could run code. Only if you trust the checkpoint, load it with "
-                "weights_only=False."
-            ) from error
-        except (EOFError, RuntimeError, ValueError, KeyError) as error:
-            raise CheckpointError(f"The checkpoint entry {entry} is truncated or corrupt ({error}).") from error
+        except Exception as error:
+            explained = explain_load_failure(f"The checkpoint entry {read_item.dest_index.fqn!r}", error, True)
+            if explained is None:
+                raise
+            raise explained from error
         # What DefaultLoadPlanner.load_bytes does with the value it unpickled.
         planner: Any = self
         if planner.flatten_state_dict:

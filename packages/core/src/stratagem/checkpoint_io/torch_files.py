@@ -39,30 +39,36 @@ def load_torch_file(
     try:
         with torch.serialization.safe_globals(list(safe_globals)):
             return torch.load(path, map_location=map_location, weights_only=weights_only, mmap=mmap)
-    except pickle.UnpicklingError as error:
+    except Exception as error:
+        explained = explain_load_failure(repr(str(path)), error, weights_only)
+        if explained is None:
+            raise
+        raise explained from error
+
+
+def explain_load_failure(what: str, error: Exception, weights_only: bool) -> CheckpointError | None:
+    """The :class:`CheckpointError` for ``torch.load`` failing with ``error`` on ``what`` (a quoted path,
+    or an entry's name), or ``None`` when the failure is not about those bytes (no memory, a bad
+    ``map_location``, ...)."""
+    if isinstance(error, pickle.UnpicklingError):
         refused = _REFUSED_GLOBAL.search(str(error)) if weights_only else None
-        if refused is None:
-            raise _corrupt(path, error) from error
-        raise CheckpointError(
-            f"{str(path)!r} references {refused.group(1)}, which a weights-only load does not allow: unpickling it "
-            "could run code. Only if you trust the file, load it with weights_only=False "
-            "(e.g. Trainer.fit(..., weights_only=False), stratagem consolidate --no-weights-only)."
-        ) from error
-    except RuntimeError as error:
-        if "PytorchStreamReader" not in str(error):
-            raise
-        raise _corrupt(path, error) from error
-    except OSError as error:
-        if error.errno != errno.EINVAL:
-            raise
-        raise _corrupt(path, error) from error
-    except _CORRUPTION as error:
-        raise _corrupt(path, error) from error
+        if refused is not None:
+            return CheckpointError(
+                f"{what} references {refused.group(1)}, which a weights-only load does not allow: unpickling it "
+                "could run code. Only if you trust the file, load it with weights_only=False "
+                "(e.g. Trainer.fit(..., weights_only=False), stratagem consolidate --no-weights-only)."
+            )
+        return _corrupt(what, error)
+    if isinstance(error, RuntimeError):
+        return _corrupt(what, error) if "PytorchStreamReader" in str(error) else None
+    if isinstance(error, OSError):
+        return _corrupt(what, error) if error.errno == errno.EINVAL else None
+    return _corrupt(what, error) if isinstance(error, _CORRUPTION) else None
 
 
-def _corrupt(path: Path, error: BaseException) -> CheckpointError:
+def _corrupt(what: str, error: BaseException) -> CheckpointError:
     return CheckpointError(
-        f"{str(path)!r} is truncated or corrupt, or not a file torch.save wrote: torch.load cannot read it "
+        f"{what} is truncated or corrupt, or not a file torch.save wrote: torch.load cannot read it "
         f"({type(error).__name__}: {_detail(error)}). Was it copied or written incompletely?"
     )
 
