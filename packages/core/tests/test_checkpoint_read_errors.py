@@ -102,3 +102,20 @@ def test_consolidate_exits_non_zero_with_the_reason_and_writes_nothing(tmp_path,
     assert "broken.ckpt" in error
     assert "Traceback" not in error
     assert sorted(path.name for path in tmp_path.iterdir()) == ["broken.ckpt"]
+
+
+@pytest.mark.parametrize(
+    ("entry", "value", "message"),
+    [
+        ("loops", [1], "its 'loops' entry is a list, not a dict"),
+        ("loops", {"other": {}}, "its 'loops' entry has no 'fit' dict"),
+        ("lr_schedulers", {"a": 1}, "its 'lr_schedulers' entry is a dict, not a list"),
+        ("format_version", "1", "has the format_version '1'"),
+    ],
+)
+def test_a_malformed_trainer_entry_is_named(saved, tmp_path, entry, value, message):
+    checkpoint = torch.load(_write(tmp_path, saved), weights_only=True)
+    checkpoint[entry] = value
+    path = _write(tmp_path, checkpoint)
+    with pytest.raises(CheckpointError, match=message):
+        quiet_trainer(tmp_path, max_steps=2).fit(ClassifierModule(), make_loader(), ckpt_path=path)
