@@ -162,7 +162,7 @@ def _load(directory: Path, state: dict[str, Any], reader: FileSystemReader, plan
                 raise error from None
         first = next((error for error in errors if isinstance(error, BaseException)), wrapped)
         raise CheckpointError(
-            f"The checkpoint {str(directory)!r} cannot be read: {type(first).__name__}: {first}"
+            f"The checkpoint {str(directory)!r} cannot be loaded: {type(first).__name__}: {first}"
         ) from first
 
 
