@@ -3,7 +3,7 @@ import torch
 from trainer_testing import ClassifierModule, make_loader, quiet_trainer
 
 from stratagem.callbacks import Callback
-from stratagem.checkpoint_io import TorchCheckpointIO
+from stratagem.checkpoint_io import CheckpointError, TorchCheckpointIO
 
 EXPECTED_KEYS = {
     "module",
@@ -87,7 +87,7 @@ def test_a_checkpoint_with_arbitrary_objects_needs_an_explicit_opt_out(tmp_path)
     trainer = quiet_trainer(tmp_path, max_steps=1)
     trainer.fit(Unsafe(), make_loader())
     trainer.save_checkpoint(tmp_path / "unsafe.ckpt")
-    with pytest.raises(RuntimeError, match="weights_only=False"):
+    with pytest.raises(CheckpointError, match="weights_only=False"):
         quiet_trainer(tmp_path, max_steps=2).fit(ClassifierModule(), make_loader(), ckpt_path=tmp_path / "unsafe.ckpt")
     trainer = quiet_trainer(tmp_path, max_steps=2)
     trainer.fit(ClassifierModule(), make_loader(), ckpt_path=tmp_path / "unsafe.ckpt", weights_only=False)

@@ -4,7 +4,7 @@ import pickle
 import pytest
 import torch
 
-from stratagem.checkpoint_io import TorchCheckpointIO, read_full_checkpoint
+from stratagem.checkpoint_io import CheckpointError, TorchCheckpointIO, read_full_checkpoint
 
 
 def test_save_writes_atomically_and_leaves_no_temporary_files(tmp_path):
@@ -56,7 +56,7 @@ def test_load_is_weights_only_by_default_with_an_explanation_and_an_opt_out(tmp_
     target = tmp_path / "pickle.ckpt"
     torch.save({"obj": _Custom()}, target)
     io = TorchCheckpointIO()
-    with pytest.raises(RuntimeError, match="weights_only=False"):
+    with pytest.raises(CheckpointError, match="weights_only=False"):
         io.load_checkpoint(target)
     assert isinstance(io.load_checkpoint(target, weights_only=False)["obj"], _Custom)
 

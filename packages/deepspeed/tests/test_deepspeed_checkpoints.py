@@ -21,7 +21,7 @@ from deepspeed_testing import (
 )
 
 import stratagem
-from stratagem.checkpoint_io import TorchCheckpointIO, read_full_checkpoint
+from stratagem.checkpoint_io import CheckpointError, TorchCheckpointIO, read_full_checkpoint
 from stratagem_deepspeed import DeepSpeedCheckpointIO, convert_zero_checkpoint_to_fp32_state_dict
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(600)]
@@ -189,7 +189,7 @@ def test_a_failed_save_leaves_the_previous_checkpoint_whole_and_fails_on_every_r
 def test_pickled_objects_load_only_when_weights_only_is_off(workers, tmp_path):
     path = tmp_path / "custom"
     workers.run(train_and_save, "deepspeed_stage_2", 1, str(path), "32-true", NotATensor(5))
-    with pytest.raises(RuntimeError, match="weights_only=False"):
+    with pytest.raises(CheckpointError, match="weights_only=False"):
         read_full_checkpoint(path, TorchCheckpointIO())
     assert read_full_checkpoint(path, TorchCheckpointIO(), weights_only=False)["extra"].value == 5
 
@@ -199,7 +199,7 @@ def test_a_foreign_object_in_the_shard_directory_is_refused_by_a_weights_only_lo
     shutil.copytree(saved["deepspeed_stage_3"][0], path)
     tag = (path / "latest").read_text()
     torch.save({"payload": NotATensor(1)}, path / tag / "zz_extra_model_states.pt")
-    with pytest.raises(RuntimeError, match=r"zz_extra_model_states.pt.*NotATensor.*weights_only=False"):
+    with pytest.raises(CheckpointError, match=r"zz_extra_model_states.pt.*NotATensor.*weights_only=False"):
         read_full_checkpoint(path, TorchCheckpointIO())
 
 
@@ -221,3 +221,70 @@ def test_the_checkpoint_io_alone_writes_a_directory_it_reads_back_and_removes(tm
     assert torch.equal(loaded["module"]["w"], torch.ones(2))
     io.remove_checkpoint(tmp_path / "plain")
     assert not Path(tmp_path / "plain").exists()
+
+
+class _RunsAShellCommand:
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        import os
+
+        return (os.system, (f"touch {self.marker}",))
+
+
+def _crafted_copy(saved, tmp_path):
+    """A stage-2 checkpoint whose first optimizer shard runs a command when unpickled, and whose
+    directory holds a zero_to_fp32.py that would mark being run or imported."""
+    path = tmp_path / "crafted"
+    shutil.copytree(saved["deepspeed_stage_2"][0], path)
+    marker = tmp_path / "ran"
+    tag = (path / "latest").read_text()
+    [shard] = (path / tag).glob("*zero_pp_rank_0_*optim_states.pt")
+    torch.save({"optimizer_state_dict": _RunsAShellCommand(marker)}, shard)
+    (path / "zero_to_fp32.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
+    return path, marker
+
+
+def _resume_refusal(alias: str, path: str) -> str:
+    try:
+        load_and_train(alias, path, 1, STEPS)
+    except CheckpointError as error:
+        return str(error)
+    return "loaded"
+
+
+def test_a_crafted_pickle_in_a_shard_is_refused_without_running_by_every_reader(workers, saved, tmp_path, capsys):
+    from stratagem.cli.main import main
+
+    path, marker = _crafted_copy(saved, tmp_path)
+    with pytest.raises(CheckpointError, match=r"optim_states\.pt' references posix\.system.*Only if you trust"):
+        read_full_checkpoint(path, TorchCheckpointIO())
+    with pytest.raises(CheckpointError, match=r"references posix\.system"):
+        convert_zero_checkpoint_to_fp32_state_dict(path, tmp_path / "out.pt")
+    assert main(["consolidate", str(path), str(tmp_path / "consolidated.pt")]) == 2
+    assert "references posix.system" in capsys.readouterr().err
+    outcomes = workers.run(_resume_refusal, "deepspeed_stage_2", str(path))
+    assert all("references posix.system" in outcome for outcome in outcomes), outcomes
+    assert not marker.exists(), "the payload or the directory's zero_to_fp32.py ran"
+    assert not (tmp_path / "out.pt").exists()
+    assert not (tmp_path / "consolidated.pt").exists()
+
+
+@pytest.mark.parametrize("tag", ["../elsewhere", "/tmp", ".."])
+def test_a_latest_file_naming_a_directory_outside_the_checkpoint_is_refused(saved, tmp_path, tag):
+    path = tmp_path / "copy"
+    shutil.copytree(saved["deepspeed_stage_2"][0], path)
+    (tmp_path / "elsewhere").mkdir()
+    (path / "latest").write_text(tag)
+    with pytest.raises(CheckpointError, match="not a tag directory inside the checkpoint"):
+        read_full_checkpoint(path, TorchCheckpointIO())
+
+
+def test_a_truncated_shard_is_one_checkpoint_error(saved, tmp_path):
+    path = tmp_path / "copy"
+    shutil.copytree(saved["deepspeed_stage_2"][0], path)
+    [shard] = (path / (path / "latest").read_text()).glob("*zero_pp_rank_1_*optim_states.pt")
+    shard.write_bytes(shard.read_bytes()[:1000])
+    with pytest.raises(CheckpointError, match=r"optim_states\.pt' is truncated or corrupt"):
+        read_full_checkpoint(path, TorchCheckpointIO())

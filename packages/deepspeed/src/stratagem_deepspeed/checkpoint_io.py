@@ -8,7 +8,15 @@ from typing import Any
 
 import torch
 
-from stratagem.checkpoint_io import CheckpointIO, PathLike, move_into_place, temporary_sibling
+from stratagem.checkpoint_io import (
+    CheckpointError,
+    CheckpointIO,
+    PathLike,
+    check_checkpoint,
+    load_torch_file,
+    move_into_place,
+    temporary_sibling,
+)
 from stratagem_deepspeed.checkpoint_layout import (
     METADATA_KEY,
     STATE_FILE,
@@ -64,9 +72,13 @@ def read_checkpoint(
     map_location: torch.device | str | None = "cpu",
     weights_only: bool = True,
 ) -> dict[str, Any]:
-    """The whole checkpoint in ``directory`` as plain state (see :class:`DeepSpeedCheckpointIO`)."""
+    """The whole checkpoint in ``directory`` as plain state (see :class:`DeepSpeedCheckpointIO`).
+
+    With ``weights_only`` every file read is read weights-only (DeepSpeed's own reader, which is not,
+    only gets files that passed that check); the directory's ``zero_to_fp32.py`` is never run.
+    """
     if not is_deepspeed_checkpoint(directory):
-        raise ValueError(
+        raise CheckpointError(
             f"{str(directory)!r} is not a DeepSpeed checkpoint directory (no 'latest' file and no {STATE_FILE})."
         )
     checkpoint = read_state_file(directory, map_location=map_location, weights_only=weights_only)
@@ -102,12 +114,4 @@ def read_state_file(
     path = directory / STATE_FILE
     if not path.is_file():
         return {}
-    try:
-        return dict(torch.load(path, map_location=map_location, weights_only=weights_only))
-    except Exception as error:
-        if weights_only and "weights_only" in str(error):
-            raise RuntimeError(
-                f"{str(path)!r} holds objects that a weights-only load refuses. If you trust the checkpoint, "
-                "load it with weights_only=False."
-            ) from error
-        raise
+    return dict(check_checkpoint(load_torch_file(path, map_location=map_location, weights_only=weights_only), path))

@@ -23,6 +23,8 @@ from typing import Any
 
 import torch
 
+from stratagem.checkpoint_io import CheckpointError
+
 STATE_FILE = "stratagem_state.pt"
 LATEST_FILE = "latest"
 METADATA_KEY = "__stratagem_deepspeed__"
@@ -43,8 +45,11 @@ def read_tag(directory: Path) -> str | None:
     if not latest.is_file():
         return None
     tag = latest.read_text().strip()
+    if tag in ("", ".", "..") or Path(tag).name != tag:
+        # DeepSpeed writes a plain directory name; anything else would lead the reader outside the checkpoint.
+        raise CheckpointError(f"{str(latest)!r} names {tag!r}, not a tag directory inside the checkpoint.")
     if not (directory / tag).is_dir():
-        raise ValueError(f"{str(latest)!r} names the tag {tag!r}, but {str(directory / tag)!r} is missing.")
+        raise CheckpointError(f"{str(latest)!r} names the tag {tag!r}, but {str(directory / tag)!r} is missing.")
     return tag
 
 

@@ -10,6 +10,8 @@ from typing import Any
 
 import torch
 
+from stratagem.checkpoint_io import CheckpointError, load_torch_file
+
 
 def deepspeed_checkpoint_globals() -> list[Any]:
     """The DeepSpeed classes its own checkpoint files pickle, besides tensors and containers."""
@@ -24,20 +26,12 @@ def check_weights_only(directory: Path, tag: str) -> None:
     """Refuse shard files that hold anything but tensors, containers and DeepSpeed's known classes.
 
     DeepSpeed itself loads its files with ``weights_only=False``; opening each one here first
-    (memory-mapped, so tensor bytes are not read) keeps a weights-only load safe.
+    (memory-mapped, so tensor bytes are not read) keeps a weights-only load safe. Every ``.pt`` file
+    under the tag is checked, also in subdirectories, so none that DeepSpeed may open is skipped.
     """
     allowed = deepspeed_checkpoint_globals()
-    for path in sorted((directory / tag).glob("*.pt")):
-        try:
-            with torch.serialization.safe_globals(allowed):
-                torch.load(path, map_location="cpu", mmap=True, weights_only=True)
-        except Exception as error:
-            lines = str(error).splitlines()
-            reason = next((line.strip() for line in lines if "WeightsUnpickler error" in line), type(error).__name__)
-            raise RuntimeError(
-                f"{str(path)!r} holds objects that a weights-only load refuses ({reason}). If you trust the "
-                "checkpoint, load it with weights_only=False."
-            ) from error
+    for path in sorted((directory / tag).rglob("*.pt")):
+        load_torch_file(path, weights_only=True, safe_globals=allowed, mmap=True)
 
 
 def gather_fp32_weights(directory: Path, tag: str) -> dict[str, torch.Tensor]:
@@ -56,9 +50,8 @@ def _unsharded_module_state(directory: Path, tag: str) -> dict[str, torch.Tensor
     # ZeRO stage 0 keeps the whole module in rank 0's model-states file and no optimizer shards.
     files = sorted((directory / tag).glob("*mp_rank_00_model_states.pt"))
     if not files:
-        raise ValueError(f"{str(directory / tag)!r} holds no DeepSpeed model-states file.")
-    with torch.serialization.safe_globals(deepspeed_checkpoint_globals()):
-        state = torch.load(files[0], map_location="cpu", weights_only=True)
+        raise CheckpointError(f"{str(directory / tag)!r} holds no DeepSpeed model-states file.")
+    state = load_torch_file(files[0], safe_globals=deepspeed_checkpoint_globals())
     return {name: value.float() if value.is_floating_point() else value for name, value in state["module"].items()}
 
 
@@ -71,12 +64,11 @@ def gather_optimizer_state(directory: Path, tag: str) -> dict[str, Any] | None:
     optimizer_files = sorted((directory / tag).glob("*zero_pp_rank_*_optim_states.pt"), key=_rank_of)
     if not optimizer_files:
         return None
-    with torch.serialization.safe_globals(deepspeed_checkpoint_globals()):
-        model_states = torch.load(_model_states_file(directory, tag), map_location="cpu", weights_only=True)
-        shards = [
-            torch.load(path, map_location="cpu", mmap=True, weights_only=True)["optimizer_state_dict"]
-            for path in optimizer_files
-        ]
+    allowed = deepspeed_checkpoint_globals()
+    model_states = load_torch_file(_model_states_file(directory, tag), safe_globals=allowed)
+    shards = [
+        load_torch_file(path, safe_globals=allowed, mmap=True)["optimizer_state_dict"] for path in optimizer_files
+    ]
     groups: list[dict[str, torch.Size]] = list(model_states["param_shapes"])
     if int(shards[0]["zero_stage"]) == 3:
         per_parameter = _merge_stage_3(shards, groups)
@@ -85,7 +77,7 @@ def gather_optimizer_state(directory: Path, tag: str) -> dict[str, Any] | None:
         per_parameter = _merge_stages_1_2(shards, groups)
         saved_groups = shards[0]["base_optimizer_state"]["param_groups"]
     if len(saved_groups) != len(groups):
-        raise ValueError(
+        raise CheckpointError(
             f"{str(directory / tag)!r}: {len(saved_groups)} optimizer groups for {len(groups)} parameter groups; "
             "the optimizer state cannot be mapped to parameters."
         )
@@ -107,7 +99,7 @@ def _model_states_file(directory: Path, tag: str) -> Path:
     for pattern in ("mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_model_states.pt"):
         if (directory / tag / pattern).is_file():
             return directory / tag / pattern
-    raise ValueError(f"{str(directory / tag)!r} holds no DeepSpeed model-states file.")
+    raise CheckpointError(f"{str(directory / tag)!r} holds no DeepSpeed model-states file.")
 
 
 def _merge_stages_1_2(shards: list[dict[str, Any]], groups: list[dict[str, torch.Size]]) -> list[dict[str, Any]]:

@@ -465,7 +465,12 @@ class DeepSpeedStrategy(ParallelStrategy):
     ) -> dict[str, Any]:
         from stratagem.checkpoint_io.readers import read_full_checkpoint
 
-        checkpoint = read_full_checkpoint(directory, self.checkpoint_io, weights_only=weights_only)
+        checkpoint = read_full_checkpoint(
+            directory,
+            self.checkpoint_io,
+            weights_only=weights_only,
+            required=[key for key, target in state.items() if isinstance(target, nn.Module)],
+        )
         remaining = dict(checkpoint)
         for key, target in state.items():
             if isinstance(target, nn.Module):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import io
-import pickle
 import shutil
 import warnings
 from collections.abc import Iterator
@@ -14,10 +13,22 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint import DefaultLoadPlanner, FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint import CheckpointException, DefaultLoadPlanner, FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint._traverse import set_element
 from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
+from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 
-from stratagem.checkpoint_io import CheckpointIO, PathLike, move_into_place, temporary_sibling
+from stratagem.checkpoint_io import (
+    CheckpointError,
+    CheckpointIO,
+    PathLike,
+    check_checkpoint,
+    explain_load_failure,
+    load_torch_file,
+    move_into_place,
+    temporary_sibling,
+)
+from stratagem_fsdp.dcp_metadata import read_metadata
 from stratagem_fsdp.optimizer_state import is_name_keyed, to_index_keyed
 
 METADATA_FILE = ".metadata"
@@ -35,8 +46,10 @@ class DistributedCheckpointIO(CheckpointIO):
     :meth:`save_checkpoint` is collective: every rank of the default process group calls it
     (one process without a group writes everything itself). :meth:`load_checkpoint` needs no
     process group and returns everything whole, with optimizer states in the plain
-    ``Optimizer.state_dict()`` layout, so any strategy loads it. DCP's own ``.metadata`` file is
-    a pickle read by torch regardless of ``weights_only``: load only directories you trust.
+    ``Optimizer.state_dict()`` layout, so any strategy loads it. With ``weights_only`` (the default)
+    nothing read runs code: DCP's ``.metadata`` pickle is read by :mod:`stratagem_fsdp.dcp_metadata`,
+    tensors and plain entries by weights-only ``torch.load``. A file that cannot be read raises
+    :class:`~stratagem.checkpoint_io.CheckpointError`.
     """
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: PathLike) -> None:
@@ -93,10 +106,10 @@ class DistributedCheckpointIO(CheckpointIO):
         for (they would be read whole on every rank for nothing).
         """
         directory = _existing_checkpoint(path)
+        reader = _reader(directory, weights_only)
         planner = _CheckedLoadPlanner(weights_only=weights_only, allow_partial_load=not strict)
-        with _quiet_single_process_warning():
-            dcp.load(template, storage_reader=FileSystemReader(directory), planner=planner, no_dist=not _group_ready())
-        unrequested = [key for key in _top_level_keys(directory) if key not in template]
+        _load(directory, template, reader, planner, no_dist=not _group_ready())
+        unrequested = [key for key in _top_level_keys(reader) if key not in template]
         others = _read_whole(directory, keys=set(unrequested), weights_only=weights_only) if unrequested else {}
         others = {key: value for key, value in others.items() if not _holds_optimizer_states(value)}
         return {**others, **_read_plain_entries(directory, weights_only)}
@@ -113,26 +126,69 @@ class DistributedCheckpointIO(CheckpointIO):
         return (Path(path) / METADATA_FILE).is_file()
 
 
-class _WeightsOnlyBytes:
-    """Refuses, when ``weights_only``, non-tensor entries that a weights-only ``torch.load`` refuses.
+class _PreReadMetadata(FileSystemReader):
+    """A reader whose metadata was read (without running code) before DCP asks for it.
 
-    DCP unpickles non-tensor entries without restriction; checking them with a weights-only
-    load first keeps stratagem's safe default for everything but DCP's own metadata.
+    Read up front so that a refusal reaches the caller as it is: DCP catches errors of
+    ``read_metadata`` and goes looking for per-rank metadata files instead.
     """
+
+    def __init__(self, directory: Path, metadata: Metadata) -> None:
+        super().__init__(directory)
+        self._metadata = metadata
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+        if self._metadata.storage_meta is None:
+            self._metadata.storage_meta = StorageMeta()
+        self._metadata.storage_meta.load_id = self.load_id
+        return self._metadata
+
+
+def _reader(directory: Path, weights_only: bool) -> FileSystemReader:
+    if not weights_only:
+        return FileSystemReader(directory)
+    return _PreReadMetadata(directory, read_metadata(directory / METADATA_FILE))
+
+
+def _load(directory: Path, state: dict[str, Any], reader: FileSystemReader, planner: Any, no_dist: bool) -> None:
+    """``dcp.load``, with a failure to read a piece reported as :class:`CheckpointError` naming the checkpoint."""
+    try:
+        with _quiet_single_process_warning():
+            dcp.load(state, storage_reader=reader, planner=planner, no_dist=no_dist)
+    except CheckpointException as wrapped:
+        errors = [failure[0] if isinstance(failure, tuple) else failure for failure in wrapped.failures.values()]
+        for error in errors:
+            if isinstance(error, CheckpointError):
+                raise error from None
+        first = next((error for error in errors if isinstance(error, BaseException)), wrapped)
+        raise CheckpointError(
+            f"The checkpoint {str(directory)!r} cannot be loaded: {type(first).__name__}: {first}"
+        ) from first
+
+
+class _WeightsOnlyBytes:
+    """Reads non-tensor entries with a weights-only ``torch.load`` when ``weights_only`` (DCP's own
+    planner unpickles them without restriction)."""
 
     weights_only: bool
 
     def load_bytes(self, read_item: Any, value: io.BytesIO) -> None:
-        if self.weights_only:
-            try:
-                torch.load(value, weights_only=True)
-            except pickle.UnpicklingError as error:
-                raise RuntimeError(
-                    f"The checkpoint entry {read_item.dest_index.fqn!r} holds objects that a weights-only load "
-                    "refuses. If you trust the checkpoint, load it with weights_only=False."
-                ) from error
-            value.seek(0)
-        super().load_bytes(read_item, value)  # type: ignore[misc]
+        if not self.weights_only:
+            super().load_bytes(read_item, value)  # type: ignore[misc]
+            return
+        try:
+            loaded = torch.load(value, weights_only=True)
+        except Exception as error:
+            explained = explain_load_failure(f"The checkpoint entry {read_item.dest_index.fqn!r}", error, True)
+            if explained is None:
+                raise
+            raise explained from error
+        # What DefaultLoadPlanner.load_bytes does with the value it unpickled.
+        planner: Any = self
+        if planner.flatten_state_dict:
+            set_element(planner.original_state_dict, planner.mappings[read_item.dest_index.fqn], loaded)
+        else:
+            planner.state_dict[read_item.dest_index.fqn] = loaded
 
 
 class _CheckedLoadPlanner(_WeightsOnlyBytes, DefaultLoadPlanner):
@@ -151,14 +207,13 @@ class _WholeCheckpointPlanner(_WeightsOnlyBytes, _EmptyStateDictLoadPlanner):
 
 def _read_whole(directory: Path, keys: set[str] | None, weights_only: bool) -> dict[str, Any]:
     planner = _WholeCheckpointPlanner(keys, weights_only)
-    with _quiet_single_process_warning():
-        dcp.load({}, storage_reader=FileSystemReader(directory), planner=planner, no_dist=True)
+    _load(directory, {}, _reader(directory, weights_only), planner, no_dist=True)
     # dcp.load hands the planner a fresh dict to fill; the planner keeps the filled one.
     return dict(planner.original_state_dict)
 
 
-def _top_level_keys(directory: Path) -> list[str]:
-    metadata = FileSystemReader(directory).read_metadata()
+def _top_level_keys(reader: FileSystemReader) -> list[str]:
+    metadata = reader.read_metadata()
     paths = metadata.planner_data or {}
     return sorted({str(paths[key][0]) if key in paths else key.split(".")[0] for key in metadata.state_dict_metadata})
 
@@ -167,13 +222,7 @@ def _read_plain_entries(directory: Path, weights_only: bool) -> dict[str, Any]:
     file = directory / PLAIN_STATE_FILE
     if not file.is_file():
         return {}
-    try:
-        return torch.load(file, map_location="cpu", weights_only=weights_only)
-    except pickle.UnpicklingError as error:
-        raise RuntimeError(
-            f"{str(file)!r} holds objects that a weights-only load refuses. If you trust the checkpoint, load it "
-            "with weights_only=False."
-        ) from error
+    return check_checkpoint(load_torch_file(file, weights_only=weights_only), file)
 
 
 def _existing_checkpoint(path: PathLike) -> Path:

@@ -26,7 +26,7 @@ from torch.optim import Optimizer
 from torch.utils._pytree import tree_map
 
 from stratagem.accelerators import Accelerator
-from stratagem.checkpoint_io import CheckpointIO, PathLike, read_full_checkpoint
+from stratagem.checkpoint_io import CheckpointError, CheckpointIO, PathLike, read_full_checkpoint
 from stratagem.environments.cluster_environment import ClusterEnvironment
 from stratagem.precision import Precision
 from stratagem.strategies import ParallelStrategy
@@ -292,16 +292,14 @@ class FSDPStrategy(ParallelStrategy):
         checkpoint: dict[str, Any] = {}
         problem = None
         if self.is_global_zero:
-            checkpoint = read_full_checkpoint(path, self.checkpoint_io, weights_only=weights_only)
-            missing = [key for key in targets if key not in checkpoint]
-            if missing:
-                problem = (
-                    f"The checkpoint {str(path)!r} has no entry {', '.join(map(repr, missing))} to load; it has "
-                    f"{', '.join(map(repr, sorted(checkpoint)))}."
-                )
+            try:
+                checkpoint = read_full_checkpoint(path, self.checkpoint_io, weights_only, required=list(targets))
+            except CheckpointError as error:
+                # Every rank waits for rank 0's verdict; each raises it rather than waiting forever.
+                problem = str(error)
         problem = self.broadcast(problem)
         if problem:
-            raise KeyError(problem)
+            raise CheckpointError(problem)
         options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=strict)
         for key, target in targets.items():
             self._load_state(target, checkpoint.pop(key, None), options, index_keyed=True)

@@ -2,13 +2,19 @@
 
 from stratagem.checkpoint_io.atomic import move_into_place, temporary_sibling, temporary_siblings
 from stratagem.checkpoint_io.checkpoint_io import CheckpointIO, PathLike
-from stratagem.checkpoint_io.readers import read_full_checkpoint
+from stratagem.checkpoint_io.errors import CheckpointError
+from stratagem.checkpoint_io.readers import check_checkpoint, read_full_checkpoint
+from stratagem.checkpoint_io.torch_files import explain_load_failure, load_torch_file
 from stratagem.checkpoint_io.torch_io import TorchCheckpointIO
 
 __all__ = [
+    "CheckpointError",
     "CheckpointIO",
     "PathLike",
     "TorchCheckpointIO",
+    "check_checkpoint",
+    "explain_load_failure",
+    "load_torch_file",
     "move_into_place",
     "read_full_checkpoint",
     "temporary_sibling",

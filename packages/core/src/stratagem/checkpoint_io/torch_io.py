@@ -8,6 +8,7 @@ import torch
 
 from stratagem.checkpoint_io.atomic import move_into_place, temporary_sibling
 from stratagem.checkpoint_io.checkpoint_io import CheckpointIO, PathLike
+from stratagem.checkpoint_io.torch_files import load_torch_file
 
 
 class TorchCheckpointIO(CheckpointIO):
@@ -39,15 +40,7 @@ class TorchCheckpointIO(CheckpointIO):
         target = Path(path)
         if not target.is_file():
             raise FileNotFoundError(f"No checkpoint file at {str(target)!r}.")
-        try:
-            return torch.load(target, map_location=map_location, weights_only=weights_only)
-        except Exception as error:
-            if weights_only and "weights_only" in str(error):
-                raise RuntimeError(
-                    f"{str(target)!r} holds objects that a weights-only load refuses. If you trust the file, "
-                    "load it with weights_only=False (e.g. Trainer.fit(..., weights_only=False))."
-                ) from error
-            raise
+        return load_torch_file(target, map_location=map_location, weights_only=weights_only)
 
     def remove_checkpoint(self, path: PathLike) -> None:
         target = Path(path)

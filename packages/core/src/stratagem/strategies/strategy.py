@@ -321,7 +321,7 @@ class Strategy(ABC):
         """
         from stratagem.checkpoint_io.readers import read_full_checkpoint
 
-        checkpoint = read_full_checkpoint(path, self.checkpoint_io, weights_only=weights_only)
+        checkpoint = read_full_checkpoint(path, self.checkpoint_io, weights_only=weights_only, required=tuple(state))
         remaining = dict(checkpoint)
         for key, target in state.items():
             if isinstance(target, nn.Module):

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from stratagem.callbacks.model_checkpoint import ModelCheckpoint, find_last_checkpoint
+from stratagem.checkpoint_io import CheckpointError
 from stratagem.trainer.rng import capture_rng_state
 
 if TYPE_CHECKING:
@@ -50,7 +51,7 @@ def restore_fit(trainer: Trainer, module: Module, path: str, weights_only: bool)
     if trainer.optimizers:
         state["optimizers"] = list(trainer.optimizers)
     remaining = trainer.strategy.load_checkpoint(path, state, weights_only=weights_only)
-    _check_format(remaining, path)
+    _check_entries(remaining, path)
     schedulers = remaining.get("lr_schedulers", [])
     if len(schedulers) != len(trainer.lr_scheduler_configs):
         raise ValueError(
@@ -66,6 +67,8 @@ def restore_fit(trainer: Trainer, module: Module, path: str, weights_only: bool)
         if callback.state_key in callback_states:
             callback.load_state_dict(callback_states[callback.state_key])
     if "loops" in remaining:
+        if not isinstance(remaining["loops"].get("fit"), dict):
+            raise CheckpointError(f"{path!r} is not a stratagem checkpoint: its 'loops' entry has no 'fit' dict.")
         fit_state = dict(remaining["loops"]["fit"])
         trainer.epoch_start_state = fit_state.pop("epoch_start", None)
         trainer.fit_progress.load_state_dict(fit_state)
@@ -78,7 +81,7 @@ def restore_fit(trainer: Trainer, module: Module, path: str, weights_only: bool)
 def restore_weights(trainer: Trainer, module: Module, path: str, weights_only: bool) -> None:
     """Load only the module's weights (for validate, test and predict)."""
     remaining = trainer.strategy.load_checkpoint(path, {"module": module}, weights_only=weights_only)
-    _check_format(remaining, path)
+    _check_entries(remaining, path)
     module.on_load_checkpoint(remaining)
 
 
@@ -135,10 +138,22 @@ def _default_dir(trainer: Trainer) -> Path:
     return Path(trainer.default_root_dir) / "checkpoints"
 
 
-def _check_format(checkpoint: dict[str, Any], path: str) -> None:
+_ENTRY_TYPES: dict[str, type] = {"lr_schedulers": list, "loops": dict, "callbacks": dict, "precision": dict}
+"""The Trainer's own entries and what each must be, so that a malformed one is named rather than failing later."""
+
+
+def _check_entries(checkpoint: dict[str, Any], path: str) -> None:
+    for key, expected in _ENTRY_TYPES.items():
+        if key in checkpoint and not isinstance(checkpoint[key], expected):
+            raise CheckpointError(
+                f"{path!r} is not a stratagem checkpoint: its {key!r} entry is a {type(checkpoint[key]).__name__}, "
+                f"not a {expected.__name__}."
+            )
     version = checkpoint.get("format_version", FORMAT_VERSION)
+    if not isinstance(version, int):
+        raise CheckpointError(f"{path!r} has the format_version {version!r}; a stratagem checkpoint has an int.")
     if version > FORMAT_VERSION:
-        raise ValueError(
+        raise CheckpointError(
             f"{path!r} has checkpoint format {version}, newer than this stratagem reads ({FORMAT_VERSION}); "
             "upgrade stratagem."
         )
