@@ -1,4 +1,5 @@
 import argparse
+import math
 import re
 import subprocess
 import sys
@@ -29,6 +30,20 @@ def test_the_demo_trains_prints_its_result_and_saves_a_checkpoint(tmp_path, caps
     assert f"checkpoint {checkpoint}" in summary
     assert torch.load(checkpoint, weights_only=True)["loops"]["fit"]["global_step"] == 40
     assert (tmp_path / "csv_logs" / "version_0" / "metrics.csv").is_file()
+
+
+def test_the_demo_trains_to_a_finite_loss_in_16_true(tmp_path, capsys):
+    assert (
+        _run_demo("--max-steps", "30", "--root-dir", str(tmp_path), "--precision", "16-true", "--logger", "none") == 0
+    )
+    summary = capsys.readouterr().out.strip().splitlines()[-1]
+    loss = float(summary.split("train_loss ")[1].split()[0])
+    assert math.isfinite(loss), summary
+
+
+def test_the_summary_counts_one_step_in_the_singular(tmp_path, capsys):
+    assert _run_demo("--max-steps", "1", "--root-dir", str(tmp_path), "--logger", "none") == 0
+    assert capsys.readouterr().out.strip().splitlines()[-1].startswith("done after 1 step: ")
 
 
 def test_the_demo_resumes_from_its_last_checkpoint(tmp_path, capsys):

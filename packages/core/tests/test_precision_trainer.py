@@ -106,3 +106,24 @@ def test_a_precision_the_device_cannot_run_fails_at_construction_saying_what_wou
         stratagem.Trainer(accelerator=_NoAutocastCPU(), precision="bf16-mixed")
     with pytest.raises(ValueError, match=r"precision='64-true' is not supported on MPS"):
         stratagem.Trainer(accelerator=_MPSLike(), precision="64-true")
+
+
+def test_16_true_refuses_an_adam_whose_eps_rounds_to_zero_in_float16_before_the_first_step(tmp_path):
+    module = ClassifierModule(optimizer="adam", lr=0.05)
+    trainer = quiet_trainer(tmp_path, precision="16-true", max_steps=3)
+    with pytest.raises(ValueError, match=r"eps=1e-08 \(param group 0\) rounds to 0.*eps=1e-4") as raised:
+        trainer.fit(module, make_loader())
+    assert "16-true" in str(raised.value)
+    assert trainer.global_step == 0
+
+
+def test_16_true_with_an_eps_float16_can_hold_trains_to_a_finite_loss(tmp_path):
+    class _AdamWithLargerEps(ClassifierModule):
+        def configure_optimizers(self):
+            return torch.optim.Adam(self.parameters(), lr=0.05, eps=1e-4)
+
+    module = _AdamWithLargerEps()
+    trainer = quiet_trainer(tmp_path, precision="16-true", max_steps=8)
+    trainer.fit(module, make_loader())
+    assert math.isfinite(float(trainer.callback_metrics["train_loss"]))
+    assert all(torch.isfinite(parameter).all() for parameter in module.parameters())

@@ -59,7 +59,10 @@ class DemoModule(Module):
         self.log(f"{prefix}_acc", accuracy, prog_bar=True, sync_dist=True)
 
     def configure_optimizers(self) -> Any:
-        optimizer = torch.optim.AdamW(self.parameters(), lr=self.learning_rate, weight_decay=0.01)
+        # AdamW's default eps (1e-8) rounds to 0 in float16, where 16-true keeps the optimizer state.
+        dtype = next(self.parameters()).dtype
+        eps = max(1e-8, torch.finfo(dtype).tiny)
+        optimizer = torch.optim.AdamW(self.parameters(), lr=self.learning_rate, weight_decay=0.01, eps=eps)
         total_steps = self.trainer.max_steps if self.trainer.max_steps > 0 else 1000
         scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=total_steps)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}

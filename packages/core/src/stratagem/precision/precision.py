@@ -31,6 +31,10 @@ class Precision:
     def check_accelerator(self, accelerator: Accelerator) -> None:
         """Raise ``ValueError`` saying what would work if this precision cannot run on ``accelerator``."""
 
+    def check_optimizer(self, optimizer: Optimizer) -> None:
+        """Raise ``ValueError`` naming the setting if ``optimizer`` cannot train in this precision (called
+        once per optimizer when a run adopts it, before the first step)."""
+
     def module_init_context(self) -> contextlib.AbstractContextManager[Any]:
         """Context in which modules are created, so parameters come out in :attr:`param_dtype`."""
         return _default_dtype(self.param_dtype)

@@ -7,6 +7,8 @@ import torch
 from stratagem.precision.precision import Precision
 
 if TYPE_CHECKING:
+    from torch.optim import Optimizer
+
     from stratagem.accelerators import Accelerator
 
 _NAMES = {torch.float64: "64-true", torch.float16: "16-true", torch.bfloat16: "bf16-true", torch.float32: "32-true"}
@@ -22,6 +24,19 @@ class TruePrecision(Precision):
     def check_accelerator(self, accelerator: Accelerator) -> None:
         if self.param_dtype == torch.float64 and accelerator.device_type == "mps":
             raise ValueError("precision='64-true' is not supported on MPS (no float64); use '32-true'.")
+
+    def check_optimizer(self, optimizer: Optimizer) -> None:
+        # Optimizer state lives in the parameters' dtype: an epsilon that rounds to zero there turns
+        # Adam's first near-zero second moment into a division by zero (nan from the second step).
+        for index, group in enumerate(optimizer.param_groups):
+            eps = group.get("eps")
+            if isinstance(eps, (int, float)) and eps > 0 and torch.tensor(eps, dtype=self.param_dtype).item() == 0:
+                smallest = torch.finfo(self.param_dtype).tiny
+                raise ValueError(
+                    f"precision={self.name!r} keeps {type(optimizer).__name__}'s state in {self.param_dtype}, where "
+                    f"its eps={eps:g} (param group {index}) rounds to 0, so training turns to nan. Pass eps >= "
+                    f"{smallest:.1e} (e.g. eps=1e-4) to the optimizer, or use precision='16-mixed' or 'bf16-true'."
+                )
 
     def convert_input(self, data: Any) -> Any:
         from torch.utils._pytree import tree_map

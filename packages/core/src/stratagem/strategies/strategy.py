@@ -200,6 +200,8 @@ class Strategy(ABC):
                 f"{type(self).__name__} supports at most {self.max_optimizers} optimizer(s); "
                 f"configure_optimizers returned {len(optimizers)}."
             )
+        for optimizer in optimizers:
+            self.precision.check_optimizer(optimizer)
         return optimizers
 
     def check_lr_schedulers(self, schedulers: list[Any]) -> None:
