@@ -80,4 +80,5 @@ def summary(trainer: Trainer) -> str:
     checkpoint = trainer.checkpoint_callback
     if checkpoint is not None and checkpoint.best_model_path:
         parts.append(f"checkpoint {checkpoint.best_model_path}")
-    return f"done after {trainer.global_step} steps: " + " | ".join(parts)
+    steps = trainer.global_step
+    return f"done after {steps} step{'' if steps == 1 else 's'}: " + " | ".join(parts)
