@@ -109,9 +109,7 @@ def run_conformance(
     return report
 
 
-def _checked_settings(
-    devices: Any, tolerance: Any, strategy_options: Any, steps: Any, resume_steps: Any
-) -> str:
+def _checked_settings(devices: Any, tolerance: Any, strategy_options: Any, steps: Any, resume_steps: Any) -> str:
     """Check the run's settings here, before any process starts; return the options as JSON."""
     if not isinstance(devices, int) or isinstance(devices, bool) or devices < 1:
         raise ValueError(f"devices={devices!r} is not valid; expected a positive int.")
@@ -173,6 +171,9 @@ if pytest is not None:
         """Steps whose checkpoint a resumed run starts from; include steps between a periodic strategy's
         sync points (the default, 3 and 5 of 8, are not multiples of 2 or 4)."""
         timeout: ClassVar[float] = 600.0
+        known_failures: ClassVar[Mapping[str, str]] = {}
+        """Checks known to fail, each mapped to the reason (where the bug is tracked): reported as xfail.
+        A known failure that passes fails its test, so that the entry is removed once the bug is fixed."""
 
         def pytest_generate_tests(self, metafunc: pytest.Metafunc) -> None:
             if "check" in metafunc.fixturenames:
@@ -201,4 +202,8 @@ if pytest is not None:
             result = conformance_report[check]
             if result.get("skipped"):
                 pytest.skip(f"{self.strategy}: {check}: {result['detail']}")
+            if check in self.known_failures:
+                if result["ok"]:
+                    pytest.fail(f"{check} is listed in known_failures but passes now: remove it from the list.")
+                pytest.xfail(f"{self.known_failures[check]}\n{result['detail']}")
             assert result["ok"], f"{self.strategy}: {check} failed:\n{result['detail']}"

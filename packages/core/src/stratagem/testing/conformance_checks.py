@@ -26,9 +26,9 @@ from torch import nn
 from torch.nn import functional
 from torch.utils.data import DataLoader, TensorDataset
 
+from stratagem import registry
 from stratagem.callbacks import Callback
 from stratagem.module import Module
-from stratagem.registry import strategies
 from stratagem.strategies import Strategy
 from stratagem.trainer import Trainer
 
@@ -138,7 +138,8 @@ def raise_unless_ranks_agree(observed: dict[str, Any] | None, moment: str) -> st
             f"{observed['whole_differences']} and the replicated tensors by {observed['replica_differences']} "
             "(one value per rank). Every rank must hold the same weights (a replica of rank 0's, or its shard)."
         )
-    return f"{moment}, every rank agrees with rank 0 (replicated tensors compared per rank: {observed['replicas_compared']})"
+    compared = observed["replicas_compared"]
+    return f"{moment}, every rank agrees with rank 0 (replicated tensors compared per rank: {compared})"
 
 
 class ObserveRun(Callback):
@@ -234,7 +235,7 @@ def run_checks(settings: Settings, workdir: Path) -> dict[str, dict[str, Any]]:
         chosen: str | Strategy = settings.strategy
         if settings.strategy_options:
             # A fresh instance per Trainer: a strategy keeps the state of the run it set up.
-            chosen = strategies.create(settings.strategy, **settings.strategy_options)
+            chosen = registry.strategies.create(settings.strategy, **settings.strategy_options)
         arguments: dict[str, Any] = {
             "strategy": chosen,
             "accelerator": settings.accelerator,
