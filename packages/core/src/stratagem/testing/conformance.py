@@ -31,16 +31,23 @@ and the same ranks serve every ``fit`` of the class.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
+import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
 from stratagem.testing.conformance_checks import DEFAULT_RESUME_STEPS, DEFAULT_STEPS, check_names
+from stratagem.testing.processes import processes_with_variable, wait_until_no_process_has
+
+RUN_MARKER_VARIABLE = "STRATAGEM_CONFORMANCE_RUN"
+"""Set to a fresh value in the environment of each conformance run's processes."""
 
 
 class ConformanceError(RuntimeError):
@@ -94,10 +101,15 @@ def run_conformance(
     environment = dict(os.environ)
     for variable in ("LOCAL_RANK", "RANK", "WORLD_SIZE", "MASTER_PORT"):
         environment.pop(variable, None)
+    # Every process of the run inherits the marker, so that none outlives a run that is stopped.
+    marker = uuid.uuid4().hex
+    environment[RUN_MARKER_VARIABLE] = marker
     try:
         finished = subprocess.run(command, env=environment, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired as error:
         raise ConformanceError(f"the conformance run of {strategy!r} did not finish within {timeout:.0f} s") from error
+    finally:
+        _end_processes_with(marker)
     report_path = workdir / "out" / "report.json"
     if finished.returncode != 0 or not report_path.exists():
         raise ConformanceError(
@@ -107,6 +119,14 @@ def run_conformance(
     report: dict[str, dict[str, Any]] = json.loads(report_path.read_text())
     report.pop("_meta", None)
     return report
+
+
+def _end_processes_with(marker: str) -> None:
+    """End the ranks a stopped run left behind (they run in process groups of their own)."""
+    for pid in processes_with_variable(RUN_MARKER_VARIABLE, marker):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    wait_until_no_process_has(RUN_MARKER_VARIABLE, marker, timeout=10.0)
 
 
 def _checked_settings(devices: Any, tolerance: Any, strategy_options: Any, steps: Any, resume_steps: Any) -> str:
@@ -177,7 +197,10 @@ if pytest is not None:
 
         def pytest_generate_tests(self, metafunc: pytest.Metafunc) -> None:
             if "check" in metafunc.fixturenames:
-                metafunc.parametrize("check", check_names(self.resume_steps))
+                # The first check also waits for the whole run (the class fixture): give it the run's time.
+                within_run_time = pytest.mark.timeout(self.timeout + 60)
+                checks = [pytest.param(name, marks=within_run_time) for name in check_names(self.resume_steps)]
+                metafunc.parametrize("check", checks)
 
         @pytest.fixture(scope="class")
         @classmethod
