@@ -15,19 +15,19 @@ pytestmark = pytest.mark.distributed
 class TestDeepSpeedStage2Conforms(StrategyConformance):
     strategy = "deepspeed_stage_2"
     devices = 2
-    timeout = 300
+    timeout = 900
 
 
 class TestDeepSpeedStage3Conforms(StrategyConformance):
     strategy = "deepspeed_stage_3"
     devices = 2
-    timeout = 300
+    timeout = 900
 
 
 class TestDeepSpeedStage3OffloadConforms(StrategyConformance):
     strategy = "deepspeed_stage_3_offload"
     devices = 2
-    timeout = 300
+    timeout = 900
 
 
 class TestDeepSpeedStage3ConformsInBf16(StrategyConformance):
@@ -37,4 +37,4 @@ class TestDeepSpeedStage3ConformsInBf16(StrategyConformance):
     devices = 2
     precision = "bf16-mixed"
     tolerance = None
-    timeout = 300
+    timeout = 900

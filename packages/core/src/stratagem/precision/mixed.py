@@ -23,6 +23,8 @@ class MixedPrecision(Precision):
     the next loss is scaled (or when its state is read).
     """
 
+    exact = False
+
     def __init__(self, dtype: str | torch.dtype = "bfloat16") -> None:
         resolved = getattr(torch, dtype) if isinstance(dtype, str) else dtype
         if resolved not in (torch.float16, torch.bfloat16):

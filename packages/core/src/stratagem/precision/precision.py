@@ -28,6 +28,12 @@ class Precision:
     param_dtype: torch.dtype = torch.float32
     """dtype that parameters are created in and kept in."""
 
+    exact: bool = True
+    """Whether training computes in at least fp32 throughout, so that its results may be compared with
+    an fp32 run at fp32's tolerance. ``False`` for precisions that round to fewer bits (bf16, fp16,
+    autocast); tools that compare runs (the conformance kit) then use a looser tolerance. A precision
+    plugin declares it here rather than being recognised by its name."""
+
     def check_accelerator(self, accelerator: Accelerator) -> None:
         """Raise ``ValueError`` saying what would work if this precision cannot run on ``accelerator``."""
 

@@ -20,6 +20,7 @@ class TruePrecision(Precision):
     def __init__(self, dtype: str | torch.dtype = "float32") -> None:
         self.param_dtype = _to_dtype(dtype)
         self.name = _NAMES[self.param_dtype]  # type: ignore[misc]
+        self.exact = self.param_dtype in (torch.float32, torch.float64)
 
     def check_accelerator(self, accelerator: Accelerator) -> None:
         if self.param_dtype == torch.float64 and accelerator.device_type == "mps":

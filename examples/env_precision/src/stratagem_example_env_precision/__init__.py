@@ -1,0 +1,1 @@
+"""Example environment and precision plugins for stratagem; users never import this package."""
