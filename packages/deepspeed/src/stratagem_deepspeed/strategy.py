@@ -20,8 +20,7 @@ from stratagem.accelerators import Accelerator
 from stratagem.checkpoint_io import CheckpointIO, PathLike, move_into_place, temporary_sibling
 from stratagem.environments.cluster_environment import ClusterEnvironment
 from stratagem.precision import Precision
-from stratagem.strategies import LoopSettings, ParallelStrategy
-from stratagem.strategies._init_contexts import skip_parameter_init
+from stratagem.strategies import LoopSettings, ParallelStrategy, skip_parameter_init
 from stratagem.strategies.parallel import DEFAULT_TIMEOUT
 from stratagem_deepspeed import checkpoint_layout as layout
 from stratagem_deepspeed.checkpoint_io import DeepSpeedCheckpointIO, read_state_file

@@ -18,7 +18,7 @@ from stratagem.environments.cluster_environment import ClusterEnvironment
 from stratagem.launchers import Launcher
 from stratagem.precision import Precision
 from stratagem.strategies._forward_redirect import call_through_forward
-from stratagem.strategies._init_contexts import skip_parameter_init
+from stratagem.strategies.init_contexts import skip_parameter_init
 
 ReduceOp = Literal["sum", "mean", "max", "min"]
 
