@@ -9,7 +9,7 @@ import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.distributed as dist
@@ -38,6 +38,8 @@ class DistributedCheckpointIO(CheckpointIO):
     ``Optimizer.state_dict()`` layout, so any strategy loads it. DCP's own ``.metadata`` file is
     a pickle read by torch regardless of ``weights_only``: load only directories you trust.
     """
+
+    writes_collectively: ClassVar[bool] = True
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: PathLike) -> None:
         target = Path(path)

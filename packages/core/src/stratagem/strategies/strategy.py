@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
@@ -127,6 +128,16 @@ class Strategy(ABC):
     @checkpoint_io.setter
     def checkpoint_io(self, checkpoint_io: CheckpointIO) -> None:
         self._checkpoint_io = checkpoint_io
+
+    def checkpoint_io_problem(self, checkpoint_io: CheckpointIO) -> str | None:
+        """Why this strategy cannot save through ``checkpoint_io``, or ``None`` when it can.
+
+        Asked by :func:`stratagem.resolve` about the IO the strategy ended up with, so that an IO
+        the strategy would bypass, or would call on other ranks than its
+        :attr:`~stratagem.checkpoint_io.CheckpointIO.writes_collectively` declares, is refused
+        before anything starts. One process calls either kind.
+        """
+        return None
 
     @property
     def checkpoint_is_directory(self) -> bool:
@@ -298,17 +309,23 @@ class Strategy(ABC):
     # -- checkpoints ------------------------------------------------------------------------
 
     def save_checkpoint(self, path: PathLike, state: dict[str, Any]) -> None:
-        """Save ``state`` to ``path``. Called on every rank.
+        """Save ``state`` to ``path``. Called on every rank, while the run's processes are joined or after the run.
 
         ``state`` maps names to plain values or to live objects (``nn.Module``, ``Optimizer``,
         lists of optimizers); the strategy turns live objects into their state in whatever
-        form it keeps them (whole, or sharded). A checkpoint already at ``path`` is replaced
-        whole, and only once the new one is complete (see :meth:`CheckpointIO.save_checkpoint`).
+        form it keeps them (whole, or sharded), and calls its checkpoint IO on the ranks the IO
+        declares (:attr:`~stratagem.checkpoint_io.CheckpointIO.writes_collectively`). A checkpoint
+        already at ``path`` is replaced whole, and only once the new one is complete (see
+        :meth:`CheckpointIO.save_checkpoint`). Where the strategy cannot write a complete
+        checkpoint (after the run, its shards are out of reach), it raises before writing anything.
         """
         checkpoint = {key: self._state_of(value) for key, value in state.items()}
-        if self.is_global_zero:
+        if self.checkpoint_io.writes_collectively:
             self.checkpoint_io.save_checkpoint(checkpoint, path)
-        self.barrier("save_checkpoint")
+        else:
+            self._write_on_rank_zero(
+                functools.partial(self.checkpoint_io.save_checkpoint, checkpoint, path), f"save_checkpoint({str(path)!r})"
+            )
 
     def load_checkpoint(
         self, path: PathLike, state: dict[str, Any], strict: bool = True, weights_only: bool = True
@@ -342,9 +359,18 @@ class Strategy(ABC):
         return {key: value.detach().cpu() for key, value in self.module.state_dict().items()}
 
     def remove_checkpoint(self, path: PathLike) -> None:
-        """Delete a checkpoint this strategy saved (on the rank that wrote it)."""
+        """Delete a checkpoint this strategy saved. Called on every rank; global rank 0 deletes it."""
+        self._write_on_rank_zero(
+            functools.partial(self.checkpoint_io.remove_checkpoint, path), f"remove_checkpoint({str(path)!r})"
+        )
+
+    def _write_on_rank_zero(self, write: Callable[[], None], description: str) -> None:
+        """Run ``write`` on global rank 0 only; with several processes, every rank learns how it ended.
+
+        Called on every rank. One process just writes; :class:`ParallelStrategy` shares the outcome.
+        """
         if self.is_global_zero:
-            self.checkpoint_io.remove_checkpoint(path)
+            write()
 
     def _state_of(self, value: Any) -> Any:
         if isinstance(value, nn.Module):
