@@ -96,3 +96,13 @@ def test_it_pickles_without_its_thread_for_spawned_workers(tmp_path):
     assert isinstance(clone, CheckpointIO)
     assert clone._executor is None
     assert clone.load_checkpoint(tmp_path / "a.ckpt") == {"step": 1}
+
+
+def test_wrapping_an_io_that_every_rank_calls_together_is_refused():
+    class Collective(TorchCheckpointIO):
+        writes_collectively = True
+
+    with pytest.raises(
+        ValueError, match=r"AsyncCheckpointIO\(checkpoint_io=Collective\(\)\) is not valid: .*every rank"
+    ):
+        AsyncCheckpointIO(Collective())

@@ -71,7 +71,8 @@ def _check_checkpoint_io(strategy: Strategy) -> None:
     checkpoint_io = strategy.checkpoint_io
     problem = strategy.checkpoint_io_problem(checkpoint_io)
     if problem is not None:
-        raise ValueError(f"{strategy!r} cannot save through the checkpoint IO {type(checkpoint_io).__name__}: {problem}")
+        name = type(checkpoint_io).__name__
+        raise ValueError(f"{strategy!r} cannot save through the checkpoint IO {name}: {problem}")
 
 
 def detect_environment() -> ClusterEnvironment:

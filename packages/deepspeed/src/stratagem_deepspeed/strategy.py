@@ -380,7 +380,8 @@ class DeepSpeedStrategy(ParallelStrategy):
             raise RuntimeError(
                 f"DeepSpeedStrategy cannot save_checkpoint({str(path)!r}) now: the DeepSpeed engine that holds the "
                 "ZeRO state exists only during a run (it is released at its end). Save while the run is live: call "
-                "trainer.save_checkpoint(path) from a callback or hook (on_train_end, say), or let ModelCheckpoint save."
+                "trainer.save_checkpoint(path) from a callback or hook (on_train_end, say), or let ModelCheckpoint "
+                "save."
             )
         target = Path(path).absolute()
         module_key, optimizers_key, plain = self._split_state(state)

@@ -323,9 +323,8 @@ class Strategy(ABC):
         if self.checkpoint_io.writes_collectively:
             self.checkpoint_io.save_checkpoint(checkpoint, path)
         else:
-            self._write_on_rank_zero(
-                functools.partial(self.checkpoint_io.save_checkpoint, checkpoint, path), f"save_checkpoint({str(path)!r})"
-            )
+            write = functools.partial(self.checkpoint_io.save_checkpoint, checkpoint, path)
+            self._write_on_rank_zero(write, f"save_checkpoint({str(path)!r})")
 
     def load_checkpoint(
         self, path: PathLike, state: dict[str, Any], strict: bool = True, weights_only: bool = True

@@ -288,11 +288,11 @@ class Trainer:
         module = self._module
         if module is None:
             raise RuntimeError(
-                "Trainer.save_checkpoint() needs the module and optimizers of a run in this process: call it during "
-                "or after fit/validate/test, in a process that ran them. A strategy that starts its workers from "
-                "this process (spawn, fork) hands the trained weights back here, but not the optimizer state: save "
-                "from a hook or callback (on_train_end, say), let ModelCheckpoint do it, or keep only the weights "
-                "with torch.save(module.state_dict(), path)."
+                "Trainer.save_checkpoint() needs a module and its optimizers from a run in this process: call it "
+                "during or after fit/validate/test, in a process that ran them. A strategy that starts its workers "
+                "from this process (spawn, fork) hands the trained weights back here, but not the optimizer state: "
+                "save from a hook or callback (on_train_end, say), let ModelCheckpoint do it, or keep only the "
+                "weights with torch.save(module.state_dict(), path)."
             )
         checkpoint = build_checkpoint(self, module)
         module.on_save_checkpoint(checkpoint)
