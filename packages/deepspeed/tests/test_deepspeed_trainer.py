@@ -153,6 +153,7 @@ def test_save_checkpoint_after_fit_returned_is_refused_on_every_rank_before_writ
 def test_a_checkpoint_saved_at_train_end_gives_the_same_loss_under_single_device(stage_3_run):
     _, val_loader = demo_dataloaders(batch_size=16, num_samples=512)
     trained = DemoModule(hidden=32)
+    trained.configure_model()
     trained.load_state_dict(live_weights(stage_3_run))
     [expected] = _single_device_trainer().validate(trained, val_loader)
     module = DemoModule(hidden=32)

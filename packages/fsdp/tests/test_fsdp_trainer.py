@@ -140,6 +140,7 @@ def test_save_checkpoint_after_fit_returned_is_refused_on_every_rank_before_writ
 def test_a_checkpoint_saved_at_train_end_gives_the_same_loss_under_single_device(fsdp_run):
     _, val_loader = demo_dataloaders(batch_size=16, num_samples=512)
     trained = DemoModule(hidden=HIDDEN)
+    trained.configure_model()
     trained.load_state_dict(live_weights(fsdp_run))
     [expected] = _single_device_trainer().validate(trained, val_loader)
     module = DemoModule(hidden=HIDDEN)
