@@ -375,7 +375,7 @@ class DeepSpeedStrategy(ParallelStrategy):
     def save_checkpoint(self, path: PathLike, state: dict[str, Any]) -> None:
         """Every rank writes its ZeRO shards through the engine into a temporary directory; once all are
         written, rank 0 adds the plain entries and publishes the directory under ``path``."""
-        self.require_live_process_group(f"save_checkpoint({str(path)!r})")
+        self._require_live_process_group(f"save_checkpoint({str(path)!r})")
         if self._engine is None:
             raise RuntimeError(
                 f"DeepSpeedStrategy cannot save_checkpoint({str(path)!r}) now: the DeepSpeed engine that holds the "

@@ -277,7 +277,7 @@ class FSDPStrategy(ParallelStrategy):
     # -- checkpoints ------------------------------------------------------------------------
 
     def save_checkpoint(self, path: PathLike, state: dict[str, Any]) -> None:
-        self.require_live_process_group(f"save_checkpoint({str(path)!r})")
+        self._require_live_process_group(f"save_checkpoint({str(path)!r})")
         if self.state_dict_type == "sharded":
             sharded = {key: self._state_of_sharded(value) for key, value in state.items()}
             self.checkpoint_io.save_checkpoint(sharded, path)

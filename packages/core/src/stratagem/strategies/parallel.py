@@ -237,15 +237,13 @@ class ParallelStrategy(Strategy, ABC):
     # -- checkpoints ------------------------------------------------------------------------
 
     def save_checkpoint(self, path: PathLike, state: dict[str, Any]) -> None:
-        """While the run's process group lives, as :meth:`Strategy.save_checkpoint`. After the run (the group
-        this strategy made is destroyed), global rank 0 writes the state it holds alone and the other ranks
-        return at once: with no group left, nothing can tell them when the file is there. Strategies whose
-        state is sharded over the processes refuse instead (see :meth:`require_live_process_group`)."""
+        # After the run the group this strategy made is destroyed: with nothing left to tell the other ranks
+        # when the file is there, rank 0 writes what it holds alone (a collective IO then writes as one process).
         if not _distributed_ready() and not self.is_global_zero:
             return
         super().save_checkpoint(path, state)
 
-    def require_live_process_group(self, action: str) -> None:
+    def _require_live_process_group(self, action: str) -> None:
         """Raise, before anything is read or written, when the process group joining the run has ended.
 
         For strategies whose module or optimizer state is sharded over the processes: after the run the

@@ -316,8 +316,12 @@ class Strategy(ABC):
         form it keeps them (whole, or sharded), and calls its checkpoint IO on the ranks the IO
         declares (:attr:`~stratagem.checkpoint_io.CheckpointIO.writes_collectively`). A checkpoint
         already at ``path`` is replaced whole, and only once the new one is complete (see
-        :meth:`CheckpointIO.save_checkpoint`). Where the strategy cannot write a complete
-        checkpoint (after the run, its shards are out of reach), it raises before writing anything.
+        :meth:`CheckpointIO.save_checkpoint`).
+
+        During a run, every rank returns once the checkpoint is complete. After the run (its process
+        group gone), a strategy whose processes each hold the whole state writes from global rank 0
+        alone while the other ranks return at once; one that cannot write a complete checkpoint any
+        more (its shards went with the run) raises on every rank before writing anything.
         """
         checkpoint = {key: self._state_of(value) for key, value in state.items()}
         if self.checkpoint_io.writes_collectively:
