@@ -66,6 +66,7 @@ class Strategy(ABC):
         self._module: nn.Module | None = None
         self._model: nn.Module | None = None
         self.loop_settings = LoopSettings()
+        self._in_run = False
 
     # -- wiring -----------------------------------------------------------------------------
 
@@ -180,6 +181,7 @@ class Strategy(ABC):
 
     def setup_environment(self) -> None:
         """Prepare this process: select the device, join the process group."""
+        self._in_run = True
         self.accelerator.setup_device(self.root_device)
 
     @contextlib.contextmanager
@@ -329,6 +331,10 @@ class Strategy(ABC):
         else:
             write = functools.partial(self.checkpoint_io.save_checkpoint, checkpoint, path)
             self._write_on_rank_zero(write, f"save_checkpoint({str(path)!r})")
+        if not self._in_run:
+            # Nothing will finish a background write any more (the run's teardown did that for its own):
+            # finish this one before returning, raising what it raised.
+            self.checkpoint_io.teardown()
 
     def load_checkpoint(
         self, path: PathLike, state: dict[str, Any], strict: bool = True, weights_only: bool = True
@@ -386,6 +392,7 @@ class Strategy(ABC):
 
     def teardown(self) -> None:
         """Release everything :meth:`setup_environment` and :meth:`setup_module` acquired."""
+        self._in_run = False
         self.checkpoint_io.teardown()
         self.precision.teardown()
         if self._accelerator is not None:
