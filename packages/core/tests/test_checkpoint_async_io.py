@@ -88,6 +88,20 @@ def test_a_failed_background_write_fails_the_fit(tmp_path):
         trainer.fit(ClassifierModule(), make_loader())
 
 
+def test_a_save_after_the_run_is_written_when_it_returns_and_raises_what_the_write_raised(tmp_path):
+    trainer = quiet_trainer(tmp_path, max_steps=2, plugins="async")
+    module = ClassifierModule()
+    trainer.fit(module, make_loader())
+    trainer.save_checkpoint(tmp_path / "after.ckpt")
+    saved = torch.load(tmp_path / "after.ckpt", weights_only=True)
+    assert torch.equal(saved["module"]["layers.0.weight"], module.layers[0].weight)
+    failing = quiet_trainer(tmp_path, max_steps=2, plugins=AsyncCheckpointIO(_FailingIO()))
+    failing.fit(ClassifierModule(), make_loader())
+    with pytest.raises(RuntimeError, match="disk full"):
+        failing.save_checkpoint(tmp_path / "failed.ckpt")
+    assert not (tmp_path / "failed.ckpt").exists()
+
+
 def test_it_pickles_without_its_thread_for_spawned_workers(tmp_path):
     io = AsyncCheckpointIO()
     io.save_checkpoint({"step": 1}, tmp_path / "a.ckpt")
@@ -96,3 +110,13 @@ def test_it_pickles_without_its_thread_for_spawned_workers(tmp_path):
     assert isinstance(clone, CheckpointIO)
     assert clone._executor is None
     assert clone.load_checkpoint(tmp_path / "a.ckpt") == {"step": 1}
+
+
+def test_wrapping_an_io_that_every_rank_calls_together_is_refused():
+    class Collective(TorchCheckpointIO):
+        writes_collectively = True
+
+    with pytest.raises(
+        ValueError, match=r"AsyncCheckpointIO\(checkpoint_io=Collective\(\)\) is not valid: .*every rank"
+    ):
+        AsyncCheckpointIO(Collective())

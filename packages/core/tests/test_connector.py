@@ -285,6 +285,34 @@ def test_two_plugins_of_one_kind_are_refused():
         stratagem.resolve(accelerator="cpu", plugins=[Precision(), TruePrecision("float64")])
 
 
+class _CollectiveCheckpointIO(TorchCheckpointIO):
+    writes_collectively = True
+
+
+class _RankZeroWritesOnly(_InProcessParallel):
+    def checkpoint_io_problem(self, checkpoint_io):
+        return "it calls its IO from rank 0 alone" if checkpoint_io.writes_collectively else None
+
+
+def test_a_checkpoint_io_the_strategy_cannot_honour_is_refused_naming_both_and_why():
+    with pytest.raises(
+        ValueError,
+        match=r"_RankZeroWritesOnly\(.*\) cannot save through the checkpoint IO _CollectiveCheckpointIO: it calls its "
+        r"IO from rank 0 alone",
+    ):
+        stratagem.resolve(
+            strategy=_RankZeroWritesOnly(), accelerator="cpu", devices=2, plugins=_CollectiveCheckpointIO()
+        )
+    assert stratagem.resolve(strategy=_RankZeroWritesOnly(), accelerator="cpu", devices=2, plugins="torch")
+
+
+@pytest.mark.parametrize("checkpoint_io", [TorchCheckpointIO(), _CollectiveCheckpointIO()])
+def test_single_device_and_parallel_strategies_accept_either_kind_of_checkpoint_io(checkpoint_io):
+    for strategy, devices in ((SingleDeviceStrategy(), 1), (_InProcessParallel(), 2)):
+        resolved = stratagem.resolve(strategy=strategy, accelerator="cpu", devices=devices, plugins=checkpoint_io)
+        assert resolved.checkpoint_io is checkpoint_io
+
+
 @pytest.mark.parametrize("plugin", [42, object(), SingleDeviceStrategy()])
 def test_a_plugin_of_no_known_kind_is_a_type_error(plugin):
     with pytest.raises(TypeError, match=r"plugins= got .*expected Precision, CheckpointIO or ClusterEnvironment"):

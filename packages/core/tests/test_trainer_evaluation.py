@@ -170,3 +170,17 @@ def test_validate_and_test_load_weights_from_a_checkpoint(tmp_path):
     fresh = ClassifierModule()
     assert quiet_trainer(tmp_path).validate(fresh, make_loader(), ckpt_path=tmp_path / "trained.ckpt") == expected
     assert torch.equal(fresh.layers[0].weight, trained.layers[0].weight)
+
+
+@pytest.mark.parametrize("stage", ["validate", "test"])
+def test_save_checkpoint_after_validate_or_test_writes_weights_that_evaluate_the_same(tmp_path, stage):
+    trainer = quiet_trainer(tmp_path)
+    module = ClassifierModule()
+    expected = getattr(trainer, stage)(module, make_loader())
+    trainer.save_checkpoint(tmp_path / "evaluated.ckpt")
+    fresh = ClassifierModule()
+    with torch.no_grad():
+        fresh.layers[0].weight.add_(1.0)
+    loaded = getattr(quiet_trainer(tmp_path), stage)(fresh, make_loader(), ckpt_path=tmp_path / "evaluated.ckpt")
+    assert loaded == expected
+    assert torch.equal(fresh.layers[0].weight, module.layers[0].weight)

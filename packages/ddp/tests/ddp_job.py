@@ -2,7 +2,8 @@
 
 ``python ddp_job.py --strategy ddp --devices 2 --out DIR --scenarios fit,evaluate`` runs the
 named scenarios and writes what they produced into DIR: weights as ``<name>.pt``, everything
-else in ``<name>.json``. The same functions run in the test process for the single-device
+else in ``<name>.json``; ``fit`` also calls ``trainer.save_checkpoint(DIR/after_fit.ckpt)`` once
+fit has returned. The same functions run in the test process for the single-device
 reference. Each run sees the same 16 samples per optimizer step, split across its ranks.
 """
 
@@ -99,9 +100,11 @@ def run(args: argparse.Namespace) -> None:
             trainer = make_trainer(args, out / "fit", max_steps=MAX_STEPS)
             trainer.fit(module, train, val)
             report = {
+                "strategy": args.strategy,
                 "global_step": trainer.global_step,
                 "callback_metrics": {k: float(v) for k, v in trainer.callback_metrics.items()},
                 "checkpoint": str(trainer.checkpoint_callback.best_model_path),
+                "save_after_fit": save_after_fit(trainer, out / "after_fit.ckpt"),
             }
         elif scenario == "evaluate":
             module = Regression()
@@ -130,6 +133,16 @@ def run(args: argparse.Namespace) -> None:
             if scenario in ("fit", "resume"):
                 torch.save(module.state_dict(), out / f"{scenario}.pt")
             (out / f"{scenario}.json").write_text(json.dumps(report, default=str))
+
+
+def save_after_fit(trainer: stratagem.Trainer, path: Path) -> str | None:
+    """``trainer.save_checkpoint(path)`` once fit has returned, as a user's script calls it on every rank; what it
+    raised, or ``None``."""
+    try:
+        trainer.save_checkpoint(path)
+    except RuntimeError as error:
+        return str(error)
+    return None
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:

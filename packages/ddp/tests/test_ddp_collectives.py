@@ -9,6 +9,7 @@ from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, post_localSGD_hook, powerSGD_hook
 
 import stratagem
+from stratagem.checkpoint_io import TorchCheckpointIO
 from stratagem.demo import DemoModule, demo_dataloaders
 from stratagem.testing import DistributedWorkers
 from stratagem_ddp import DDPStrategy
@@ -235,3 +236,55 @@ def _fit_in_the_pools_group():
 def test_a_process_group_the_user_created_survives_the_trainer_which_still_waits_for_its_collectives(workers):
     # The wait keeps the run's last collectives from aborting the process at exit (see _backend_threads).
     assert workers.run(_fit_in_the_pools_group) == [(True, 2.0, [True]), (True, 2.0, [True])]
+
+
+class _GatheringCheckpointIO(TorchCheckpointIO):
+    """A collective IO: every rank calls it, and rank 0 writes which ranks did beside the state."""
+
+    writes_collectively = True
+
+    def save_checkpoint(self, checkpoint, path):
+        callers = [None] * dist.get_world_size()
+        dist.all_gather_object(callers, dist.get_rank())
+        if dist.get_rank() == 0:
+            super().save_checkpoint({**checkpoint, "callers": callers}, path)
+
+
+class _RankRecordingCheckpointIO(TorchCheckpointIO):
+    def save_checkpoint(self, checkpoint, path):
+        super().save_checkpoint({**checkpoint, "caller": dist.get_rank()}, path)
+
+
+class _FailingCheckpointIO(TorchCheckpointIO):
+    def save_checkpoint(self, checkpoint, path):
+        raise OSError("disk full")
+
+
+def _save_through(checkpoint_io, path):
+    strategy = stratagem.resolve(strategy=DDPStrategy(), accelerator="cpu", devices=2, plugins=checkpoint_io)
+    strategy.setup_environment()
+    strategy.setup_module(_model())
+    try:
+        strategy.save_checkpoint(path, {"module": strategy.module, "step": 3})
+    except (RuntimeError, OSError) as error:
+        return f"{type(error).__name__}: {error}"
+    finally:
+        strategy.teardown()
+    # Every rank returns only once the checkpoint is there.
+    return sorted(torch.load(path, weights_only=True).keys() - {"module"})
+
+
+def test_a_collective_checkpoint_io_is_called_by_every_rank_and_a_rank_0_one_by_rank_0_alone(workers, tmp_path):
+    collective, alone = tmp_path / "collective.ckpt", tmp_path / "alone.ckpt"
+    assert workers.run(_save_through, _GatheringCheckpointIO(), collective) == [["callers", "step"]] * 2
+    assert torch.load(collective, weights_only=True)["callers"] == [0, 1]
+    assert workers.run(_save_through, _RankRecordingCheckpointIO(), alone) == [["caller", "step"]] * 2
+    assert torch.load(alone, weights_only=True)["caller"] == 0
+
+
+def test_a_write_failing_on_rank_0_fails_on_every_rank_naming_it_and_leaves_no_file(workers, tmp_path):
+    failed = tmp_path / "failed.ckpt"
+    rank_0, rank_1 = workers.run(_save_through, _FailingCheckpointIO(), failed)
+    assert rank_0 == "OSError: disk full"
+    assert rank_1 == f"RuntimeError: save_checkpoint({str(failed)!r}) failed on rank 0: OSError: disk full"
+    assert not failed.exists()

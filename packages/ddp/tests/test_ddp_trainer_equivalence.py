@@ -101,6 +101,31 @@ def test_a_ddp_checkpoint_loads_under_single_device(run, tmp_path):
         assert torch.equal(module.state_dict()[key], value)
 
 
+def test_save_checkpoint_after_fit_gives_the_same_loss_under_single_device_or_says_why_it_cannot(run, tmp_path):
+    fit = _read(run, "fit")
+    saved = Path(run) / "after_fit.ckpt"
+    if fit["strategy"] != "ddp":
+        # The calling process of a spawned run got the weights back, not the optimizer state.
+        assert "hands the trained weights back here, but not the optimizer state" in fit["save_after_fit"]
+        assert not saved.exists()
+        return
+    assert fit["save_after_fit"] is None
+    trained = ddp_job.Regression()
+    trained.load_state_dict(_weights(run, "fit"))
+    [expected] = _single_device_trainer(tmp_path).validate(trained, ddp_job.loader(32, 2, 1))
+    module = ddp_job.Regression()
+    [metrics] = _single_device_trainer(tmp_path).validate(module, ddp_job.loader(32, 2, 1), ckpt_path=saved)
+    assert metrics["val_loss"] == expected["val_loss"]
+    for key, value in _weights(run, "fit").items():
+        assert torch.equal(module.state_dict()[key], value)
+
+
+def _single_device_trainer(root):
+    return stratagem.Trainer(
+        strategy="single_device", accelerator="cpu", default_root_dir=root, logger=False, enable_progress_bar=False
+    )
+
+
 def test_resume_from_a_mid_run_checkpoint_continues_exactly(run):
     assert _read(run, "resume")["resumed_from"].endswith(f"step={ddp_job.RESUME_AT}.ckpt")
     resumed, uninterrupted = _weights(run, "resume"), _weights(run, "fit")

@@ -5,7 +5,10 @@ Rank 0 writes the weights the strategy holds at the end of training or validatio
 live, independently of any checkpoint) to ``<root>/live_weights.pt``, and validation results
 to ``<root>/results.json``. ``--then validate resume`` runs more Trainers in the same processes
 after the first, as a script that evaluates and resumes its own checkpoint does; each writes
-``<root>/live_weights_after_<run>.pt``.
+``<root>/live_weights_after_<run>.pt``. ``--save-at-train-end`` saves ``<root>/train_end.ckpt``
+from ``on_train_end`` of the first run; ``--save-after-fit`` calls
+``trainer.save_checkpoint(<root>/after_fit.ckpt)`` on every rank once its ``fit`` has returned, and
+writes what it raised to ``<root>/after_fit_rank<r>.error``.
 """
 
 from __future__ import annotations
@@ -50,6 +53,21 @@ class SaveLiveWeights(Callback):
             torch.save(weights, self.path)
 
 
+class SaveAtTrainEnd(Callback):
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def on_train_end(self, trainer: Trainer, module: Any) -> None:
+        trainer.save_checkpoint(self.path)
+
+
+def save_after_fit(trainer: Trainer, root: Path) -> None:
+    try:
+        trainer.save_checkpoint(root / "after_fit.ckpt")
+    except RuntimeError as error:
+        (root / f"after_fit_rank{trainer.global_rank}.error").write_text(str(error))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--strategy", default="deepspeed_stage_3")
@@ -67,10 +85,16 @@ def main() -> None:
         choices=("validate", "resume"),
         help="after the first run, each by a new Trainer: validate its checkpoint, or fit on from it to --max-steps",
     )
+    parser.add_argument("--save-at-train-end", action="store_true")
+    parser.add_argument("--save-after-fit", action="store_true")
     args = parser.parse_args()
     args.root.mkdir(parents=True, exist_ok=True)
 
-    trainer = run(args, "validate" if args.validate else "fit", args.ckpt_path, args.root / "live_weights.pt")
+    train_end = [SaveAtTrainEnd(args.root / "train_end.ckpt")] if args.save_at_train_end else []
+    kind = "validate" if args.validate else "fit"
+    trainer = run(args, kind, args.ckpt_path, args.root / "live_weights.pt", train_end)
+    if args.save_after_fit:
+        save_after_fit(trainer, args.root)
     if args.then:
         assert trainer.checkpoint_callback is not None
         checkpoint = trainer.checkpoint_callback.best_model_path
@@ -78,9 +102,11 @@ def main() -> None:
             run(args, then, checkpoint, args.root / f"live_weights_after_{then}.pt")
 
 
-def run(args: argparse.Namespace, kind: str, ckpt_path: str | None, weights: Path) -> Trainer:
+def run(
+    args: argparse.Namespace, kind: str, ckpt_path: str | None, weights: Path, extra: list[Callback] | None = None
+) -> Trainer:
     """One Trainer's ``fit`` (``"fit"``, or ``"resume"`` without --stop-after) or ``validate``."""
-    callbacks: list[Callback] = [SaveLiveWeights(weights)]
+    callbacks: list[Callback] = [SaveLiveWeights(weights), *(extra or [])]
     if args.stop_after is not None and kind == "fit":
         callbacks.append(StopAfter(args.stop_after))
     trainer = Trainer(

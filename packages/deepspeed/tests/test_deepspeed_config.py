@@ -274,3 +274,15 @@ def test_a_second_scheduler_is_refused_naming_the_limit():
     schedulers = [torch.optim.lr_scheduler.StepLR(optimizer, 1) for _ in range(2)]
     with pytest.raises(ValueError, match="at most 1 learning-rate scheduler"):
         resolve().check_lr_schedulers(schedulers)
+
+
+@pytest.mark.parametrize("plugins", ["async", "torch"])
+def test_a_checkpoint_io_the_engine_would_bypass_is_refused_at_construction(plugins):
+    refusal = r"DeepSpeedStrategy\(stage=3.*\) cannot save through the checkpoint IO \w+: DeepSpeed's engine writes"
+    with pytest.raises(ValueError, match=refusal):
+        stratagem.Trainer(strategy="deepspeed_stage_3", accelerator="cpu", devices=2, plugins=plugins)
+
+
+def test_the_deepspeed_checkpoint_io_is_accepted_as_a_plugin():
+    strategy = stratagem.resolve(strategy="deepspeed_stage_3", accelerator="cpu", devices=2, plugins="deepspeed")
+    assert type(strategy.checkpoint_io).__name__ == "DeepSpeedCheckpointIO"

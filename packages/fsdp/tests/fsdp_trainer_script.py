@@ -3,7 +3,9 @@
 The strategy's launcher re-runs this file for the other ranks, as it would a user's script.
 Rank 0 writes the weights the strategy holds at the end of training or validation (gathered
 live, independently of any checkpoint) to ``<root>/live_weights.pt``, and validation results
-to ``<root>/results.json``.
+to ``<root>/results.json``. ``--save-at-train-end`` saves ``<root>/train_end.ckpt`` from
+``on_train_end``; ``--save-after-fit`` calls ``trainer.save_checkpoint(<root>/after_fit.ckpt)``
+on every rank once ``fit`` has returned, and writes what it raised to ``<root>/after_fit_rank<r>.error``.
 """
 
 from __future__ import annotations
@@ -51,6 +53,21 @@ class SaveLiveWeights(Callback):
             torch.save(weights, self.path)
 
 
+class SaveAtTrainEnd(Callback):
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def on_train_end(self, trainer: Trainer, module: Any) -> None:
+        trainer.save_checkpoint(self.path)
+
+
+def save_after_fit(trainer: Trainer, root: Path) -> None:
+    try:
+        trainer.save_checkpoint(root / "after_fit.ckpt")
+    except RuntimeError as error:
+        (root / f"after_fit_rank{trainer.global_rank}.error").write_text(str(error))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--strategy", default="fsdp")
@@ -62,6 +79,8 @@ def main() -> None:
     parser.add_argument("--max-steps", type=int, default=12)
     parser.add_argument("--stop-after", type=int, default=None)
     parser.add_argument("--ckpt-path", default=None)
+    parser.add_argument("--save-at-train-end", action="store_true")
+    parser.add_argument("--save-after-fit", action="store_true")
     args = parser.parse_args()
     args.root.mkdir(parents=True, exist_ok=True)
 
@@ -71,6 +90,8 @@ def main() -> None:
     callbacks: list[Callback] = [SaveLiveWeights(args.root / "live_weights.pt")]
     if args.stop_after is not None:
         callbacks.append(StopAfter(args.stop_after))
+    if args.save_at_train_end:
+        callbacks.append(SaveAtTrainEnd(args.root / "train_end.ckpt"))
     trainer = Trainer(
         strategy=strategy,
         accelerator="cpu",
@@ -87,6 +108,8 @@ def main() -> None:
     module = DemoModule(hidden=HIDDEN)
     if not args.validate:
         trainer.fit(module, train_loader, val_loader, ckpt_path=args.ckpt_path)
+    if args.save_after_fit:
+        save_after_fit(trainer, args.root)
     if args.validate or args.validate_after_fit:
         results = trainer.validate(module, val_loader, ckpt_path=args.ckpt_path if args.validate else None)
         if trainer.is_global_zero:

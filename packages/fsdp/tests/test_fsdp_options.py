@@ -105,6 +105,24 @@ def test_a_full_state_dict_with_the_sharded_checkpoint_io_plugin_is_refused_at_r
         )
 
 
+@pytest.mark.parametrize("plugins", ["async", "torch"])
+def test_a_checkpoint_io_called_by_rank_0_alone_is_refused_for_sharded_checkpoints_at_construction(plugins):
+    refusal = (
+        r"FSDPStrategy\(.*state_dict_type='sharded'.*\) cannot save through the checkpoint IO \w+: .* rank 0 alone"
+    )
+    with pytest.raises(ValueError, match=refusal):
+        stratagem.Trainer(strategy="fsdp", accelerator="cpu", devices=2, plugins=plugins)
+
+
+def test_sharded_checkpoints_go_through_the_collective_io_and_full_ones_through_a_rank_0_io():
+    sharded = stratagem.resolve(strategy="fsdp", accelerator="cpu", devices=2)
+    assert sharded.checkpoint_io.writes_collectively
+    full = stratagem.resolve(
+        strategy=FSDPStrategy(state_dict_type="full"), accelerator="cpu", devices=2, plugins="async"
+    )
+    assert type(full.checkpoint_io).__name__ == "AsyncCheckpointIO"
+
+
 def test_torch_sharding_strategy_members_and_any_case_are_accepted():
     assert FSDPStrategy(sharding_strategy=ShardingStrategy.SHARD_GRAD_OP).sharding_strategy == "SHARD_GRAD_OP"
     assert FSDPStrategy(sharding_strategy="hybrid_shard").sharding_strategy == "HYBRID_SHARD"

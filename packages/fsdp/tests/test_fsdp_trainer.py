@@ -53,8 +53,11 @@ def assert_identical(weights: dict[str, torch.Tensor], expected: dict[str, torch
 
 @pytest.fixture(scope="module")
 def fsdp_run(tmp_path_factory) -> Path:
-    """A fit of 12 steps on 2 processes with fsdp: its sharded checkpoint and live weights."""
-    return run_script(tmp_path_factory.mktemp("fsdp") / "run", "--max-steps", str(STEPS))
+    """A fit of 12 steps on 2 processes with fsdp: its sharded checkpoint and live weights, a checkpoint saved
+    from on_train_end, and what trainer.save_checkpoint raised once fit had returned."""
+    return run_script(
+        tmp_path_factory.mktemp("fsdp") / "run", "--max-steps", str(STEPS), "--save-at-train-end", "--save-after-fit"
+    )
 
 
 @pytest.fixture(scope="module")
@@ -125,6 +128,31 @@ def test_the_fsdp_checkpoint_evaluates_under_single_device_with_identical_weight
     assert set(metrics) == {"val_loss", "val_acc"}
 
 
+def test_save_checkpoint_after_fit_returned_is_refused_on_every_rank_before_writing_anything(fsdp_run):
+    for rank in (0, 1):
+        error = (fsdp_run / f"after_fit_rank{rank}.error").read_text()
+        assert "FSDPStrategy cannot save_checkpoint" in error
+        assert "sharded over the run's processes" in error
+        assert "on_train_end" in error
+    assert not [path for path in fsdp_run.iterdir() if "after_fit.ckpt" in path.name]
+
+
+def test_a_checkpoint_saved_at_train_end_gives_the_same_loss_under_single_device(fsdp_run):
+    _, val_loader = demo_dataloaders(batch_size=16, num_samples=512)
+    trained = DemoModule(hidden=HIDDEN)
+    trained.configure_model()
+    trained.load_state_dict(live_weights(fsdp_run))
+    [expected] = _single_device_trainer().validate(trained, val_loader)
+    module = DemoModule(hidden=HIDDEN)
+    [metrics] = _single_device_trainer().validate(module, val_loader, ckpt_path=fsdp_run / "train_end.ckpt")
+    assert_identical(module.state_dict(), live_weights(fsdp_run))
+    assert metrics["val_loss"] == expected["val_loss"]
+
+
+def _single_device_trainer() -> Trainer:
+    return Trainer(strategy="single_device", accelerator="cpu", devices=1, logger=False, enable_progress_bar=False)
+
+
 def test_a_full_state_dict_run_writes_one_plain_file_with_the_same_weights(fsdp_run, tmp_path):
     root = run_script(tmp_path / "full", "--state-dict-type", "full", "--max-steps", str(STEPS))
     checkpoint = torch.load(only_checkpoint(root), weights_only=True)
@@ -141,6 +169,10 @@ def test_fsdp_spawn_fits_tests_and_predicts_from_the_calling_process(fsdp_run):
     module = DemoModule(hidden=HIDDEN)
     trainer.fit(module, train_loader, val_loader)
     assert_identical(module.state_dict(), live_weights(fsdp_run))
+    # The calling process got the weights back, but the optimizer state stayed with the workers.
+    with pytest.raises(RuntimeError, match="hands the trained weights back here, but not the optimizer state"):
+        trainer.save_checkpoint(fsdp_run / "from_the_caller.ckpt")
+    assert not (fsdp_run / "from_the_caller.ckpt").exists()
     [metrics] = trainer.test(module, val_loader, ckpt_path=only_checkpoint(fsdp_run))
     assert set(metrics) == {"test_loss", "test_acc"}
     predictions = trainer.predict(module, val_loader, ckpt_path=only_checkpoint(fsdp_run))

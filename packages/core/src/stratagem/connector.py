@@ -87,12 +87,23 @@ def resolve(
         checkpoint_io=checkpoint_io,
         cluster_environment=environment,
     )
+    _check_checkpoint_io(strategy_instance)
     if is_interactive() and not strategy_instance.launcher.is_interactive_compatible:
         raise ValueError(
             f"strategy={strategy!r} starts processes by re-running your script, which cannot work from a "
             "notebook or REPL. Use 'ddp_notebook' or 'ddp_fork' there, or run a script."
         )
     return strategy_instance
+
+
+def _check_checkpoint_io(strategy: Strategy) -> None:
+    """Refuse a checkpoint IO (from ``plugins=`` or the strategy's constructor) that the strategy would bypass,
+    or would call from other ranks than the IO declares."""
+    checkpoint_io = strategy.checkpoint_io
+    problem = strategy.checkpoint_io_problem(checkpoint_io)
+    if problem is not None:
+        name = type(checkpoint_io).__name__
+        raise ValueError(f"{strategy!r} cannot save through the checkpoint IO {name}: {problem}")
 
 
 def detect_environment() -> ClusterEnvironment:

@@ -201,6 +201,15 @@ class DeepSpeedStrategy(ParallelStrategy):
     def checkpoint_io(self, checkpoint_io: CheckpointIO) -> None:
         self._checkpoint_io = checkpoint_io
 
+    def checkpoint_io_problem(self, checkpoint_io: CheckpointIO) -> str | None:
+        if isinstance(checkpoint_io, DeepSpeedCheckpointIO):
+            return None
+        return (
+            "DeepSpeed's engine writes its checkpoints itself (every rank its ZeRO shards, in DeepSpeed's directory "
+            "layout), so a checkpoint IO would never be called to save. Leave it out of plugins= and the strategy's "
+            "checkpoint_io=; the directories it writes load into any strategy."
+        )
+
     @property
     def checkpoint_is_directory(self) -> bool:
         return True
@@ -363,35 +372,39 @@ class DeepSpeedStrategy(ParallelStrategy):
     # -- checkpoints ----------------------------------------------------------------------------
 
     def save_checkpoint(self, path: PathLike, state: dict[str, Any]) -> None:
+        """Every rank writes its ZeRO shards through the engine into a temporary directory; once all are
+        written, rank 0 adds the plain entries and publishes the directory under ``path``."""
+        self._require_live_process_group(f"save_checkpoint({str(path)!r})")
+        if self._engine is None:
+            raise RuntimeError(
+                f"DeepSpeedStrategy cannot save_checkpoint({str(path)!r}) now: the DeepSpeed engine that holds the "
+                "ZeRO state exists only during a run (it is released at its end). Save while the run is live: call "
+                "trainer.save_checkpoint(path) from a callback or hook (on_train_end, say), or let ModelCheckpoint "
+                "save."
+            )
         target = Path(path).absolute()
         module_key, optimizers_key, plain = self._split_state(state)
         temporary = self.broadcast(temporary_sibling(target) if self.is_global_zero else None)
         full_weights = self.module_full_state_dict() if self.save_full_weights else None
+        metadata = {
+            "module_key": module_key,
+            "optimizers_key": optimizers_key,
+            "world_size": self.world_size,
+            "zero_stage": self.zero_stage,
+        }
+        entries = {**plain, layout.METADATA_KEY: metadata}
+        if full_weights is not None:
+            entries[module_key] = full_weights
+
+        def publish() -> None:
+            layout.write_state_file(temporary, entries)
+            move_into_place(temporary, target)
+
         with layout.removed_on_error(temporary):
             self.engine.save_checkpoint(str(temporary))
-            problem = None
-            if self.is_global_zero:
-                metadata = {
-                    "module_key": module_key,
-                    "optimizers_key": optimizers_key,
-                    "world_size": self.world_size,
-                    "zero_stage": self.zero_stage,
-                }
-                entries = {**plain, layout.METADATA_KEY: metadata}
-                if full_weights is not None:
-                    entries[module_key] = full_weights
-                try:
-                    layout.write_state_file(temporary, entries)
-                except Exception as error:
-                    problem = error
-            # Also the point where every rank has written its shards: only then is the directory whole.
-            if not self.reduce_boolean(problem is None):
-                if problem is not None:
-                    raise problem
-                raise RuntimeError(f"save_checkpoint({str(target)!r}) failed on rank 0; its error says why.")
-            if self.is_global_zero:
-                move_into_place(temporary, target)
-        self.barrier("save_checkpoint: published")
+            # The directory is whole only once every rank has written its shards into it.
+            self.barrier("save_checkpoint: shards written")
+            self._write_on_rank_zero(publish, f"save_checkpoint({str(target)!r})")
 
     def _split_state(self, state: dict[str, Any]) -> tuple[str, str | None, dict[str, Any]]:
         module_key = None

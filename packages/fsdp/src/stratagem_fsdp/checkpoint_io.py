@@ -8,7 +8,7 @@ import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.distributed as dist
@@ -51,6 +51,8 @@ class DistributedCheckpointIO(CheckpointIO):
     tensors and plain entries by weights-only ``torch.load``. A file that cannot be read raises
     :class:`~stratagem.checkpoint_io.CheckpointError`.
     """
+
+    writes_collectively: ClassVar[bool] = True
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: PathLike) -> None:
         target = Path(path)

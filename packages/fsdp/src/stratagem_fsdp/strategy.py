@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import warnings
 from collections.abc import Iterator
 from datetime import timedelta
@@ -124,16 +125,37 @@ class FSDPStrategy(ParallelStrategy):
             self.sharding_strategy, self.num_processes * self.num_nodes, self.num_nodes, self._device_mesh_shape
         )
         self._offload_policy = offload_policy(self.cpu_offload, self.accelerator.device_type)
-        if self.state_dict_type == "full" and isinstance(self._checkpoint_io, DistributedCheckpointIO):
-            raise ValueError(
-                "state_dict_type='full' writes one file from rank 0, but the checkpoint IO plugin "
-                "DistributedCheckpointIO writes sharded directories from every rank; use state_dict_type='sharded' "
-                "or another checkpoint IO."
-            )
 
     @property
     def checkpoint_is_directory(self) -> bool:
         return self.state_dict_type == "sharded"
+
+    @property
+    def checkpoint_io(self) -> CheckpointIO:
+        """Unless one is given: :class:`DistributedCheckpointIO` for sharded checkpoints, else one file by torch."""
+        if self._checkpoint_io is None and self.state_dict_type == "sharded":
+            self._checkpoint_io = DistributedCheckpointIO()
+        return super().checkpoint_io
+
+    @checkpoint_io.setter
+    def checkpoint_io(self, checkpoint_io: CheckpointIO) -> None:
+        self._checkpoint_io = checkpoint_io
+
+    def checkpoint_io_problem(self, checkpoint_io: CheckpointIO) -> str | None:
+        if self.state_dict_type == "sharded" and not checkpoint_io.writes_collectively:
+            return (
+                "state_dict_type='sharded' has every rank write its own shards, so the IO must be one that every rank "
+                "calls together (writes_collectively=True, e.g. plugins='distributed_checkpoint'), but this one is "
+                "called by rank 0 alone. Use state_dict_type='full' to gather the state on rank 0 and write it "
+                "through this IO, or leave it out of plugins=."
+            )
+        if self.state_dict_type == "full" and checkpoint_io.writes_collectively:
+            return (
+                "state_dict_type='full' writes one file from rank 0 with the state gathered there, but this IO must "
+                "be called by every rank together (writes_collectively=True). Use state_dict_type='sharded' with it, "
+                "or another checkpoint IO."
+            )
+        return None
 
     @property
     def device_mesh(self) -> DeviceMesh:
@@ -255,23 +277,15 @@ class FSDPStrategy(ParallelStrategy):
     # -- checkpoints ------------------------------------------------------------------------
 
     def save_checkpoint(self, path: PathLike, state: dict[str, Any]) -> None:
+        self._require_live_process_group(f"save_checkpoint({str(path)!r})")
         if self.state_dict_type == "sharded":
             sharded = {key: self._state_of_sharded(value) for key, value in state.items()}
-            self._distributed_checkpoint_io.save_checkpoint(sharded, path)
+            self.checkpoint_io.save_checkpoint(sharded, path)
             return
         full = {key: self._state_of_full(value) for key, value in state.items()}
-        failure: BaseException | None = None
-        if self.is_global_zero:
-            try:
-                self.checkpoint_io.save_checkpoint(full, path)
-            except BaseException as error:
-                failure = error
-        # Every rank learns whether rank 0 wrote it: the others must fail too, not wait for it forever.
-        outcome = self.broadcast(None if failure is None else f"{type(failure).__name__}: {failure}")
-        if failure is not None:
-            raise failure
-        if outcome is not None:
-            raise RuntimeError(f"Writing the checkpoint {str(path)!r} failed on rank 0: {outcome}")
+        self._write_on_rank_zero(
+            functools.partial(self.checkpoint_io.save_checkpoint, full, path), f"save_checkpoint({str(path)!r})"
+        )
 
     def load_checkpoint(
         self, path: PathLike, state: dict[str, Any], strict: bool = True, weights_only: bool = True

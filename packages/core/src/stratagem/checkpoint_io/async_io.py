@@ -15,6 +15,8 @@ from stratagem.checkpoint_io.torch_io import TorchCheckpointIO
 class AsyncCheckpointIO(CheckpointIO):
     """Saves through another CheckpointIO (default: :class:`TorchCheckpointIO`) in one background thread.
 
+    Called by rank 0 alone (:attr:`writes_collectively` is ``False``), so the IO it wraps must be too.
+
     ``save_checkpoint`` copies every tensor first (training goes on changing the live ones), then
     returns; the write happens in the thread. Writes and removals run in the order they were
     asked for. An error in the thread is raised by the next call and by :meth:`teardown`, which
@@ -22,6 +24,13 @@ class AsyncCheckpointIO(CheckpointIO):
     """
 
     def __init__(self, checkpoint_io: CheckpointIO | None = None) -> None:
+        if checkpoint_io is not None and checkpoint_io.writes_collectively:
+            # Its collectives would run in the background thread, interleaved with training's on the same group.
+            raise ValueError(
+                f"AsyncCheckpointIO(checkpoint_io={type(checkpoint_io).__name__}()) is not valid: that IO is called by "
+                "every rank together (writes_collectively=True), which a background thread cannot do. Wrap an IO "
+                "that rank 0 calls alone, such as TorchCheckpointIO."
+            )
         self.checkpoint_io = checkpoint_io or TorchCheckpointIO()
         self._executor: ThreadPoolExecutor | None = None
         self._pending: list[Future[None]] = []

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -14,8 +14,22 @@ PathLike = str | Path
 class CheckpointIO(ABC):
     """Writes, reads and removes one checkpoint made of plain state (tensors, numbers, dicts).
 
-    It never sees modules or optimizers: the strategy turns those into state first, and
-    decides which rank calls :meth:`save_checkpoint`.
+    It never sees modules or optimizers: the strategy turns those into state first. Which
+    processes call it is declared by :attr:`writes_collectively`, and a strategy that cannot
+    call an IO that way refuses it when the run is resolved (see
+    :meth:`~stratagem.strategies.Strategy.checkpoint_io_problem`).
+    """
+
+    writes_collectively: ClassVar[bool] = False
+    """Who calls :meth:`save_checkpoint`.
+
+    ``False``: one process, global rank 0, with the whole state; it must not use collectives.
+    ``True``: every rank of the default process group at once, each with the state it holds
+    (its shards), so the IO may use collectives; without a process group, the one process
+    that calls it writes everything.
+
+    Either way, :meth:`remove_checkpoint` is called by global rank 0 alone, and
+    :meth:`load_checkpoint` and :meth:`can_read` by any process on its own.
     """
 
     @abstractmethod

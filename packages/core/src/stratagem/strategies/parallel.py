@@ -4,7 +4,7 @@ import contextlib
 import itertools
 import os
 from abc import ABC
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 
 from stratagem.accelerators import Accelerator
-from stratagem.checkpoint_io import CheckpointIO
+from stratagem.checkpoint_io import CheckpointIO, PathLike
 from stratagem.environments.cluster_environment import ClusterEnvironment
 from stratagem.launchers import Launcher, check_start_method, create_launcher
 from stratagem.precision import Precision
@@ -239,6 +239,47 @@ class ParallelStrategy(Strategy, ABC):
                 "A collective fails when another rank died, and times out when another rank never reached it "
                 "(for example, it runs different code or is stuck)."
             ) from error
+
+    # -- checkpoints ------------------------------------------------------------------------
+
+    def save_checkpoint(self, path: PathLike, state: dict[str, Any]) -> None:
+        # After the run the group this strategy made is destroyed: with nothing left to tell the other ranks
+        # when the file is there, rank 0 writes what it holds alone (a collective IO then writes as one process).
+        if not _distributed_ready() and not self.is_global_zero:
+            return
+        super().save_checkpoint(path, state)
+
+    def _require_live_process_group(self, action: str) -> None:
+        """Raise, before anything is read or written, when the process group joining the run has ended.
+
+        For strategies whose module or optimizer state is sharded over the processes: after the run the
+        shards are out of reach, and each process alone would save an incomplete checkpoint.
+        """
+        if _distributed_ready():
+            return
+        raise RuntimeError(
+            f"{type(self).__name__} cannot {action} now: its module and optimizer state are sharded over the run's "
+            "processes, and the process group that joins them ended with the run. Save while the run is live: call "
+            "trainer.save_checkpoint(path) from a callback or hook (on_train_end, say, on every rank), or let "
+            "ModelCheckpoint save."
+        )
+
+    def _write_on_rank_zero(self, write: Callable[[], None], description: str) -> None:
+        if not _distributed_ready():
+            super()._write_on_rank_zero(write, description)
+            return
+        failure: BaseException | None = None
+        if self.is_global_zero:
+            try:
+                write()
+            except BaseException as error:
+                failure = error
+        # Also what holds the other ranks until rank 0 is done: after this, what it wrote is there for all.
+        outcome = self.broadcast(None if failure is None else f"{type(failure).__name__}: {failure}")
+        if failure is not None:
+            raise failure
+        if outcome is not None:
+            raise RuntimeError(f"{description} failed on rank 0: {outcome}")
 
     def teardown(self) -> None:
         super().teardown()

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
@@ -65,6 +66,7 @@ class Strategy(ABC):
         self._module: nn.Module | None = None
         self._model: nn.Module | None = None
         self.loop_settings = LoopSettings()
+        self._in_run = False
 
     # -- wiring -----------------------------------------------------------------------------
 
@@ -128,6 +130,16 @@ class Strategy(ABC):
     def checkpoint_io(self, checkpoint_io: CheckpointIO) -> None:
         self._checkpoint_io = checkpoint_io
 
+    def checkpoint_io_problem(self, checkpoint_io: CheckpointIO) -> str | None:
+        """Why this strategy cannot save through ``checkpoint_io``, or ``None`` when it can.
+
+        Asked by :func:`stratagem.resolve` about the IO the strategy ended up with, so that an IO
+        the strategy would bypass, or would call on other ranks than its
+        :attr:`~stratagem.checkpoint_io.CheckpointIO.writes_collectively` declares, is refused
+        before anything starts. One process calls either kind.
+        """
+        return None
+
     @property
     def checkpoint_is_directory(self) -> bool:
         """Whether :meth:`save_checkpoint` writes a directory (shards) rather than one file."""
@@ -169,6 +181,7 @@ class Strategy(ABC):
 
     def setup_environment(self) -> None:
         """Prepare this process: select the device, join the process group."""
+        self._in_run = True
         self.accelerator.setup_device(self.root_device)
 
     @contextlib.contextmanager
@@ -300,17 +313,30 @@ class Strategy(ABC):
     # -- checkpoints ------------------------------------------------------------------------
 
     def save_checkpoint(self, path: PathLike, state: dict[str, Any]) -> None:
-        """Save ``state`` to ``path``. Called on every rank.
+        """Save ``state`` to ``path``. Called on every rank, while the run's processes are joined or after the run.
 
         ``state`` maps names to plain values or to live objects (``nn.Module``, ``Optimizer``,
         lists of optimizers); the strategy turns live objects into their state in whatever
-        form it keeps them (whole, or sharded). A checkpoint already at ``path`` is replaced
-        whole, and only once the new one is complete (see :meth:`CheckpointIO.save_checkpoint`).
+        form it keeps them (whole, or sharded), and calls its checkpoint IO on the ranks the IO
+        declares (:attr:`~stratagem.checkpoint_io.CheckpointIO.writes_collectively`). A checkpoint
+        already at ``path`` is replaced whole, and only once the new one is complete (see
+        :meth:`CheckpointIO.save_checkpoint`).
+
+        During a run, every rank returns once the checkpoint is complete. After the run (its process
+        group gone), a strategy whose processes each hold the whole state writes from global rank 0
+        alone while the other ranks return at once; one that cannot write a complete checkpoint any
+        more (its shards went with the run) raises on every rank before writing anything.
         """
         checkpoint = {key: self._state_of(value) for key, value in state.items()}
-        if self.is_global_zero:
+        if self.checkpoint_io.writes_collectively:
             self.checkpoint_io.save_checkpoint(checkpoint, path)
-        self.barrier("save_checkpoint")
+        else:
+            write = functools.partial(self.checkpoint_io.save_checkpoint, checkpoint, path)
+            self._write_on_rank_zero(write, f"save_checkpoint({str(path)!r})")
+        if not self._in_run:
+            # Nothing will finish a background write any more (the run's teardown did that for its own):
+            # finish this one before returning, raising what it raised.
+            self.checkpoint_io.teardown()
 
     def load_checkpoint(
         self, path: PathLike, state: dict[str, Any], strict: bool = True, weights_only: bool = True
@@ -344,9 +370,18 @@ class Strategy(ABC):
         return {key: value.detach().cpu() for key, value in self.module.state_dict().items()}
 
     def remove_checkpoint(self, path: PathLike) -> None:
-        """Delete a checkpoint this strategy saved (on the rank that wrote it)."""
+        """Delete a checkpoint this strategy saved. Called on every rank; global rank 0 deletes it."""
+        self._write_on_rank_zero(
+            functools.partial(self.checkpoint_io.remove_checkpoint, path), f"remove_checkpoint({str(path)!r})"
+        )
+
+    def _write_on_rank_zero(self, write: Callable[[], None], description: str) -> None:
+        """Run ``write`` on global rank 0 only; with several processes, every rank learns how it ended.
+
+        Called on every rank. One process just writes; :class:`ParallelStrategy` shares the outcome.
+        """
         if self.is_global_zero:
-            self.checkpoint_io.remove_checkpoint(path)
+            write()
 
     def _state_of(self, value: Any) -> Any:
         if isinstance(value, nn.Module):
@@ -359,6 +394,7 @@ class Strategy(ABC):
 
     def teardown(self) -> None:
         """Release everything :meth:`setup_environment` and :meth:`setup_module` acquired."""
+        self._in_run = False
         self.checkpoint_io.teardown()
         self.precision.teardown()
         if self._accelerator is not None:

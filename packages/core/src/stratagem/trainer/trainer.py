@@ -280,14 +280,20 @@ class Trainer:
     def save_checkpoint(self, path: PathLike) -> None:
         """Save the current module, optimizers, schedulers, loop progress, RNG, callback and precision state.
 
-        Call it on every rank (as hooks and callbacks are): strategies that shard save collectively.
+        Call it on every rank (as hooks and callbacks are): strategies that shard save collectively. During a
+        run every rank returns once the checkpoint is complete. After ``fit``/``validate``/``test`` has returned,
+        a strategy whose processes each hold the whole state (``single_device``, ``ddp``) saves from global
+        rank 0, and the other ranks return at once; a sharded one (``fsdp``, ``deepspeed``) raises before
+        writing anything, because its shards went with the run: save from a callback or ModelCheckpoint there.
         """
         module = self._module
         if module is None:
             raise RuntimeError(
-                "Trainer.save_checkpoint() needs a module and its optimizers: call it during or after fit/validate/"
-                "test, in a process that ran them (with a strategy that spawns workers, save from a hook or "
-                "callback, or let ModelCheckpoint do it)."
+                "Trainer.save_checkpoint() needs a module and its optimizers from a run in this process: call it "
+                "during or after fit/validate/test, in a process that ran them. A strategy that starts its workers "
+                "from this process (spawn, fork) hands the trained weights back here, but not the optimizer state: "
+                "save from a hook or callback (on_train_end, say), let ModelCheckpoint do it, or keep only the "
+                "weights with torch.save(module.state_dict(), path)."
             )
         checkpoint = build_checkpoint(self, module)
         module.on_save_checkpoint(checkpoint)
