@@ -151,7 +151,7 @@ class ArrivalLog:
         parts: list[str] = []
         if behind:
             details = "; ".join(
-                f"rank {other} " + (f"was last in #{number} {text}" if number else "had entered none")
+                f"rank {other} " + (f"was last in #{number} {text}" if number else "had not entered any yet")
                 for other, (number, text) in sorted(behind.items())
             )
             parts.append(
