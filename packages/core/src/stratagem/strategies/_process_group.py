@@ -81,14 +81,26 @@ def join(address: str, port: int, rank: int, world_size: int, prefix: str, timeo
     try:
         namespaced.wait(["all_joined"], timedelta(seconds=max(deadline - time.monotonic(), 1.0)))
     except dist.DistStoreError as error:
-        joined = [other for other in range(world_size) if namespaced.check([f"joined/{other}"])]
-        missing = sorted(set(range(world_size)) - set(joined))
         raise RendezvousTimeoutError(
             f"Rank {rank} waited {timeout.total_seconds():.0f} s (the join timeout) at the rendezvous at {where}, "
-            f"but only {len(joined)} of {world_size} ranks joined: {_ranks(missing)} did not "
-            f"({_ranks(joined)} did). {_ADVICE}"
+            f"but {_who_joined(namespaced, world_size)}. {_ADVICE}"
+        ) from error
+    except dist.DistNetworkError as error:
+        raise RendezvousTimeoutError(
+            f"Rank {rank} lost the rendezvous at {where} while waiting for the other ranks to join ({error}): the "
+            f"process hosting it (rank 0, or torchrun's agent) ended. {_ADVICE}"
         ) from error
     return namespaced
+
+
+def _who_joined(store: dist.Store, world_size: int) -> str:
+    """``"only 1 of 2 ranks joined: rank 1 did not (rank 0 did)"``, or less where the store stops answering."""
+    try:
+        joined = [other for other in range(world_size) if store.check([f"joined/{other}"])]
+    except RuntimeError:
+        return "not every rank joined"
+    missing = sorted(set(range(world_size)) - set(joined))
+    return f"only {len(joined)} of {world_size} ranks joined: {_ranks(missing)} did not ({_ranks(joined)} did)"
 
 
 def _wait_until_reachable(address: str, port: int, rank: int, deadline: float, where: str) -> None:
