@@ -337,23 +337,29 @@ def test_an_unresolvable_address_fails_the_join_within_its_timeout():
 # -- a rank that hangs in a collective -------------------------------------------------------
 
 
-def _rank_1_never_reaches_the_barrier(strategy):
+def _one_rank_never_reaches_the_second_barrier(strategy, stuck_rank):
     strategy.setup_environment()
-    if strategy.global_rank == 0:
-        strategy.barrier("after-epoch")
-    else:
+    strategy.barrier("warm-up")
+    if strategy.global_rank == stuck_rank:
         time.sleep(60)
+    strategy.barrier("after-epoch")
 
 
 @pytest.mark.distributed
 @pytest.mark.timeout(60)
-def test_a_collective_timeout_names_the_rank_that_never_arrived(monkeypatch):
+@pytest.mark.parametrize("stuck_rank", [1, 0])
+def test_a_collective_timeout_names_the_rank_that_never_arrived(monkeypatch, stuck_rank):
     monkeypatch.setenv("MASTER_PORT", str(find_free_port()))
     strategy = stratagem.resolve(strategy=_ForkedParallel(timeout=3), accelerator="cpu", devices=2)
     started = time.monotonic()
     with pytest.raises(RankFailedError) as caught:
-        strategy.launcher.launch(_rank_1_never_reaches_the_barrier, strategy)
+        strategy.launcher.launch(_one_rank_never_reaches_the_second_barrier, strategy, stuck_rank)
     assert time.monotonic() - started < 30
+    waiting = 1 - stuck_rank
+    assert caught.value.rank == waiting
     message = str(caught.value)
-    assert "The collective barrier 'after-epoch' did not complete within timeout=0:00:03 on rank 0" in message
-    assert "Rank 1 never arrived at this collective (#1 on this rank): rank 1 had not entered any yet." in message
+    assert f"The collective barrier 'after-epoch' did not complete within timeout=0:00:03 on rank {waiting}" in message
+    assert (
+        f"Rank {stuck_rank} never arrived at this collective (#2 on this rank): rank {stuck_rank} was last in #1 "
+        "barrier 'warm-up'." in message
+    )
