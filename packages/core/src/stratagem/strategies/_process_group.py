@@ -75,32 +75,38 @@ def join(address: str, port: int, rank: int, world_size: int, prefix: str, timeo
             f"Rank {rank} could not connect to the rendezvous at {where} ({error}). {_ADVICE}"
         ) from error
     namespaced = dist.PrefixStore(prefix, store)
-    namespaced.set(f"joined/{rank}", socket.gethostname())
-    if namespaced.add("joined", 1) == world_size:
-        namespaced.set("all_joined", "1")
-    try:
-        namespaced.wait(["all_joined"], timedelta(seconds=max(deadline - time.monotonic(), 1.0)))
-    except dist.DistStoreError as error:
-        raise RendezvousTimeoutError(
-            f"Rank {rank} waited {timeout.total_seconds():.0f} s (the join timeout) at the rendezvous at {where}, "
-            f"but {_who_joined(namespaced, world_size)}. {_ADVICE}"
-        ) from error
-    except dist.DistNetworkError as error:
-        raise RendezvousTimeoutError(
-            f"Rank {rank} lost the rendezvous at {where} while waiting for the other ranks to join ({error}): the "
-            f"process hosting it (rank 0, or torchrun's agent) ended. {_ADVICE}"
-        ) from error
+    problem = _wait_for_every_rank(namespaced, rank, world_size, deadline)
+    if problem is not None:
+        # Released before raising: a store kept alive by the error's traceback would hold the port (a retry would
+        # find it in use) and abort a process forked later that garbage-collects it.
+        del namespaced, store
+        raise RendezvousTimeoutError(f"Rank {rank} at the rendezvous at {where}: {problem}. {_ADVICE}")
     return namespaced
 
 
-def _who_joined(store: dist.Store, world_size: int) -> str:
-    """``"only 1 of 2 ranks joined: rank 1 did not (rank 0 did)"``, or less where the store stops answering."""
+def _wait_for_every_rank(store: dist.Store, rank: int, world_size: int, deadline: float) -> str | None:
+    """Record this rank in ``store`` and wait until every rank did; what went wrong, or ``None``."""
+    store.set(f"joined/{rank}", socket.gethostname())
+    if store.add("joined", 1) == world_size:
+        store.set("all_joined", "1")
     try:
-        joined = [other for other in range(world_size) if store.check([f"joined/{other}"])]
-    except RuntimeError:
-        return "not every rank joined"
-    missing = sorted(set(range(world_size)) - set(joined))
-    return f"only {len(joined)} of {world_size} ranks joined: {_ranks(missing)} did not ({_ranks(joined)} did)"
+        store.wait(["all_joined"], timedelta(seconds=max(deadline - time.monotonic(), 1.0)))
+    except dist.DistStoreError:
+        try:
+            joined = [other for other in range(world_size) if store.check([f"joined/{other}"])]
+        except RuntimeError:
+            return "not every rank joined within the join timeout"
+        missing = sorted(set(range(world_size)) - set(joined))
+        return (
+            f"only {len(joined)} of {world_size} ranks joined within the join timeout: {_ranks(missing)} did not "
+            f"({_ranks(joined)} did)"
+        )
+    except dist.DistNetworkError as error:
+        return (
+            f"the store went away while this rank waited for the others ({error}): the process hosting it (rank 0, "
+            "or torchrun's agent) ended"
+        )
+    return None
 
 
 def _wait_until_reachable(address: str, port: int, rank: int, deadline: float, where: str) -> None:
