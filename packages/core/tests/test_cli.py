@@ -173,7 +173,7 @@ def test_doctor_reports_unreadable_scheduler_variables_instead_of_failing(capsys
     monkeypatch.setenv("SLURM_JOB_NAME", "train")
     monkeypatch.setenv("SLURM_PROCID", "not-a-number")
     assert main(["doctor"]) == 0
-    assert "cannot be read: The environment variable SLURM_PROCID='not-a-number' is not an integer." in (
+    assert "cannot be read: The environment variable SLURM_PROCID='not-a-number' is not valid; expected an integer" in (
         capsys.readouterr().out
     )
 

@@ -13,7 +13,9 @@ which asks each registered environment's ``detect()`` in this order and takes th
 7. ``local`` - none of these: one machine, or nodes started by hand.
 
 ``plugins=[...]`` in ``stratagem.resolve`` / ``Trainer`` overrides detection. Every environment
-checks the user's ``devices`` and ``num_nodes`` against the job in ``validate_settings``.
+checks the user's ``devices`` and ``num_nodes`` against the job in ``validate_settings``, and reads
+each variable through ``_variables``, which refuses a value that cannot work (a rank outside its
+size, a port outside 1-65535) naming the variable, before any process starts.
 """
 
 from stratagem.environments.cluster_environment import ClusterEnvironment

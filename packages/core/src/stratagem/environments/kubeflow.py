@@ -2,7 +2,13 @@ from __future__ import annotations
 
 import os
 
-from stratagem.environments._variables import int_variable, str_variable
+from stratagem.environments._variables import (
+    check_rank,
+    port_variable,
+    rank_variable,
+    size_variable,
+    str_variable,
+)
 from stratagem.environments.cluster_environment import ClusterEnvironment
 
 _HINT = "The Kubeflow training operator sets it in every PyTorchJob pod."
@@ -34,7 +40,7 @@ class KubeflowEnvironment(ClusterEnvironment):
 
     @property
     def main_port(self) -> int:
-        return int_variable("MASTER_PORT", hint=_HINT)
+        return port_variable("MASTER_PORT", hint=_HINT)
 
     @staticmethod
     def detect() -> bool:
@@ -44,7 +50,10 @@ class KubeflowEnvironment(ClusterEnvironment):
         return self.pod_count()
 
     def global_rank(self) -> int:
-        return int_variable("RANK", hint=_HINT)
+        pods, source = self._pods()
+        rank = rank_variable("RANK", hint=_HINT)
+        check_rank("RANK", rank, pods, f"the job's {pods} pod(s) ({source})", hint=_HINT)
+        return rank
 
     def local_rank(self) -> int:
         return 0
@@ -54,14 +63,24 @@ class KubeflowEnvironment(ClusterEnvironment):
 
     def pod_count(self) -> int:
         """The number of pods in the job (see the class docstring for how it is read)."""
+        return self._pods()[0]
+
+    def _pods(self) -> tuple[int, str]:
+        """The number of pods, and the variables it was read from (for messages)."""
         nodes = os.environ.get("PET_NNODES", "")
-        if nodes.isdigit():
-            return int(nodes)
-        world_size = int_variable("WORLD_SIZE", hint=_HINT)
-        processes_per_pod = os.environ.get("PET_NPROC_PER_NODE", "")
-        if processes_per_pod.isdigit() and int(processes_per_pod) > 0:
-            return world_size // int(processes_per_pod)
-        return world_size
+        # PET_NNODES is a range such as "1:4" in an elastic job; the pods are then counted from WORLD_SIZE.
+        if nodes.isdigit() and int(nodes) > 0:
+            return int(nodes), f"PET_NNODES={nodes}"
+        world_size = size_variable("WORLD_SIZE", hint=_HINT)
+        per_pod = os.environ.get("PET_NPROC_PER_NODE", "")
+        if not (per_pod.isdigit() and int(per_pod) > 0):
+            return world_size, f"WORLD_SIZE={world_size}"
+        if world_size % int(per_pod):
+            raise ValueError(
+                f"The environment variable WORLD_SIZE={world_size} is not a multiple of PET_NPROC_PER_NODE={per_pod}. "
+                f"{_HINT}"
+            )
+        return world_size // int(per_pod), f"WORLD_SIZE={world_size} / PET_NPROC_PER_NODE={per_pod}"
 
     def validate_settings(self, num_devices: int, num_nodes: int) -> None:
         if num_devices != 1:
@@ -77,6 +96,10 @@ class KubeflowEnvironment(ClusterEnvironment):
                 f"The Kubeflow PyTorchJob has {pods} pod(s), but num_nodes={num_nodes}. Set num_nodes={pods} "
                 "(one node per pod)."
             )
+        # Each variable is checked where it is read: read them all before anything starts. MASTER_ADDR is not
+        # resolved here: the master pod's service name may only enter DNS once that pod runs.
+        self.global_rank()
+        _ = self.main_address, self.main_port
 
     def __repr__(self) -> str:
         return f"KubeflowEnvironment(pod={os.environ.get('RANK')!r})"

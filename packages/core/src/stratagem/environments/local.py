@@ -3,7 +3,15 @@ from __future__ import annotations
 import os
 import socket
 
-from stratagem.environments._variables import int_variable
+from stratagem.environments._variables import (
+    check_main_address,
+    check_rank,
+    first_set,
+    int_variable,
+    port_variable,
+    rank_variable,
+    size_variable,
+)
 from stratagem.environments.cluster_environment import ClusterEnvironment
 
 
@@ -14,6 +22,11 @@ class LocalEnvironment(ClusterEnvironment):
     chosen once and exported so that child processes agree), ``NODE_RANK`` and
     ``LOCAL_RANK``. ``WORLD_SIZE`` and the global rank come from the strategy
     (``devices * num_nodes``); a ``WORLD_SIZE`` in the environment must agree with them.
+
+    ``LOCAL_RANK`` set means this process is one rank of several started by hand (or by
+    stratagem's own launcher), which then also sets ``WORLD_SIZE`` and ``MASTER_PORT`` so that
+    the ranks can meet. A ``LOCAL_RANK`` without them, where several processes are needed, is a
+    leftover in the shell: it is refused, because this process would wait for peers nobody starts.
     """
 
     def __init__(self) -> None:
@@ -27,13 +40,13 @@ class LocalEnvironment(ClusterEnvironment):
 
     @property
     def main_address(self) -> str:
-        return os.environ.get("MASTER_ADDR", "127.0.0.1")
+        return os.environ.get("MASTER_ADDR") or "127.0.0.1"
 
     @property
     def main_port(self) -> int:
         if "MASTER_PORT" not in os.environ:
             os.environ["MASTER_PORT"] = str(find_free_port())
-        return int_variable("MASTER_PORT")
+        return port_variable("MASTER_PORT")
 
     @staticmethod
     def detect() -> bool:
@@ -52,27 +65,43 @@ class LocalEnvironment(ClusterEnvironment):
         self._global_rank = rank
 
     def local_rank(self) -> int:
-        return int_variable("LOCAL_RANK", 0)
+        return int_variable("LOCAL_RANK", 0, minimum=0)
 
     def node_rank(self) -> int:
-        for name in ("NODE_RANK", "GROUP_RANK"):
-            if name in os.environ:
-                return int_variable(name)
-        return 0
+        name = first_set("NODE_RANK", "GROUP_RANK")
+        return 0 if name is None else rank_variable(name)
 
     def validate_settings(self, num_devices: int, num_nodes: int) -> None:
-        node_rank = self.node_rank()
-        if not 0 <= node_rank < num_nodes:
-            raise ValueError(f"NODE_RANK={node_rank} is outside num_nodes={num_nodes}; expected 0..{num_nodes - 1}.")
-        if "WORLD_SIZE" in os.environ and int_variable("WORLD_SIZE") != num_devices * num_nodes:
+        node_variable = first_set("NODE_RANK", "GROUP_RANK")
+        if node_variable is not None:
+            check_rank(node_variable, self.node_rank(), num_nodes, f"num_nodes={num_nodes}")
+        if "WORLD_SIZE" in os.environ and size_variable("WORLD_SIZE") != num_devices * num_nodes:
             raise ValueError(
                 f"WORLD_SIZE={os.environ['WORLD_SIZE']} in the environment, but devices={num_devices} x "
                 f"num_nodes={num_nodes} = {num_devices * num_nodes} processes."
             )
-        if num_nodes > 1 and "MASTER_ADDR" not in os.environ:
+        if num_nodes > 1 and not os.environ.get("MASTER_ADDR"):
             raise ValueError(
                 f"num_nodes={num_nodes} without a cluster scheduler needs MASTER_ADDR (the address of node 0) "
                 "and MASTER_PORT set on every node, and NODE_RANK on each."
+            )
+        if "MASTER_PORT" in os.environ:
+            port_variable("MASTER_PORT")
+        if "LOCAL_RANK" in os.environ:
+            self._check_started_by_hand(num_devices, num_nodes)
+        if os.environ.get("MASTER_ADDR"):
+            check_main_address(self.main_address, must_resolve_now=self.node_rank() == 0)
+
+    def _check_started_by_hand(self, num_devices: int, num_nodes: int) -> None:
+        check_rank("LOCAL_RANK", self.local_rank(), num_devices, f"devices={num_devices}")
+        missing = [name for name in ("WORLD_SIZE", "MASTER_PORT") if name not in os.environ]
+        if missing and num_devices * num_nodes > 1:
+            raise ValueError(
+                f"The environment variable LOCAL_RANK={os.environ['LOCAL_RANK']!r} is set, which means this process "
+                f"is one of {num_devices * num_nodes} ranks started by hand, but {' and '.join(missing)} "
+                f"{'is' if len(missing) == 1 else 'are'} not, so its peers could never meet it. If LOCAL_RANK is "
+                "left over in your shell, unset it (`unset LOCAL_RANK`) and stratagem starts the ranks; if you "
+                "start every rank yourself, set WORLD_SIZE and the same MASTER_PORT in each."
             )
 
 

@@ -4,7 +4,15 @@ import os
 import socket
 from pathlib import Path
 
-from stratagem.environments._variables import int_variable, optional_int_variable, str_variable
+from stratagem.environments._variables import (
+    check_main_address,
+    check_rank,
+    int_variable,
+    port_variable,
+    rank_variable,
+    size_variable,
+    str_variable,
+)
 from stratagem.environments.cluster_environment import ClusterEnvironment
 
 _HINT = "jsrun sets it for every rank it starts."
@@ -38,23 +46,22 @@ class LSFEnvironment(ClusterEnvironment):
 
     @property
     def main_port(self) -> int:
-        port = optional_int_variable("MASTER_PORT")
-        if port is not None:
-            return port
-        return _PORT_BASE + int_variable("LSB_JOBID", hint="LSF sets it in every job.") % _PORT_SPAN
+        if "MASTER_PORT" in os.environ:
+            return port_variable("MASTER_PORT")
+        return _PORT_BASE + int_variable("LSB_JOBID", minimum=0, hint="LSF sets it in every job.") % _PORT_SPAN
 
     @staticmethod
     def detect() -> bool:
         return all(name in os.environ for name in LSFEnvironment.detected_by)
 
     def world_size(self) -> int:
-        return int_variable("JSM_NAMESPACE_SIZE", hint=_HINT)
+        return size_variable("JSM_NAMESPACE_SIZE", hint=_HINT)
 
     def global_rank(self) -> int:
-        return int_variable("JSM_NAMESPACE_RANK", hint=_HINT)
+        return rank_variable("JSM_NAMESPACE_RANK", "JSM_NAMESPACE_SIZE", hint=_HINT)
 
     def local_rank(self) -> int:
-        return int_variable("JSM_NAMESPACE_LOCAL_RANK", hint=_HINT)
+        return rank_variable("JSM_NAMESPACE_LOCAL_RANK", hint=_HINT)
 
     def node_rank(self) -> int:
         hosts = self.compute_hosts()
@@ -89,6 +96,13 @@ class LSFEnvironment(ClusterEnvironment):
                 f"{num_nodes} = {num_devices * num_nodes}. Start one rank per device (jsrun --rs_per_host) or "
                 f"set devices={world_size // num_nodes}."
             )
+        # Each variable is checked where it is read: read them all before anything starts.
+        self.global_rank()
+        check_rank("JSM_NAMESPACE_LOCAL_RANK", self.local_rank(), num_devices, f"devices={num_devices}", hint=_HINT)
+        _ = self.main_port
+        check_main_address(
+            self.main_address, derived_from="the job's first compute host", must_resolve_now=self.node_rank() == 0
+        )
 
     def __repr__(self) -> str:
         return f"LSFEnvironment(job_id={os.environ.get('LSB_JOBID')!r})"

@@ -3,7 +3,12 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from stratagem.environments._variables import int_variable
+from stratagem.environments._variables import (
+    check_main_address,
+    port_variable,
+    rank_variable,
+    size_variable,
+)
 from stratagem.environments.cluster_environment import ClusterEnvironment
 
 DEFAULT_PORT = 29500
@@ -95,20 +100,22 @@ class MPIEnvironment(ClusterEnvironment):
 
     @property
     def main_port(self) -> int:
-        return int_variable("MASTER_PORT", DEFAULT_PORT)
+        return port_variable("MASTER_PORT", DEFAULT_PORT)
 
     @staticmethod
     def detect() -> bool:
         return detected_flavour() is not None
 
     def world_size(self) -> int:
-        return self._read(self.flavour.size)
+        return size_variable(self.flavour.size, hint=self.flavour.hint)
 
     def global_rank(self) -> int:
-        return self._read(self.flavour.rank)
+        flavour = self.flavour
+        return rank_variable(flavour.rank, flavour.size, hint=flavour.hint)
 
     def local_rank(self) -> int:
-        return self._read(self.flavour.local_rank)
+        flavour = self.flavour
+        return rank_variable(flavour.local_rank, flavour.local_size, hint=flavour.hint)
 
     def node_rank(self) -> int:
         return self.global_rank() // self._local_size()
@@ -129,14 +136,17 @@ class MPIEnvironment(ClusterEnvironment):
                 f"{num_nodes} = {num_devices * num_nodes}. Set num_nodes={world_size // num_devices} or start "
                 f"{num_devices * num_nodes} ranks."
             )
-        # Fail here, before the rendezvous, when MASTER_ADDR is needed and missing.
-        self._rendezvous_host()
+        # Each variable is checked where it is read: read them all before anything starts (MASTER_ADDR too,
+        # which a job across nodes needs).
+        self.global_rank()
+        self.local_rank()
+        _ = self.main_port
+        check_main_address(
+            self._rendezvous_host(), derived_from="the loopback address", must_resolve_now=self.node_rank() == 0
+        )
 
     def _local_size(self) -> int:
-        return self._read(self.flavour.local_size)
-
-    def _read(self, variable: str) -> int:
-        return int_variable(variable, hint=self.flavour.hint)
+        return size_variable(self.flavour.local_size, hint=self.flavour.hint)
 
     def __repr__(self) -> str:
         flavour = detected_flavour()

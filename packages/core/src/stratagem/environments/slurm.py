@@ -3,7 +3,15 @@ from __future__ import annotations
 import os
 import re
 
-from stratagem.environments._variables import first_set, int_variable, optional_int_variable
+from stratagem.environments._variables import (
+    check_main_address,
+    check_rank,
+    first_set,
+    optional_int_variable,
+    port_variable,
+    rank_variable,
+    size_variable,
+)
 from stratagem.environments.cluster_environment import ClusterEnvironment
 
 _HINT = "srun sets it for every task it starts."
@@ -48,10 +56,9 @@ class SLURMEnvironment(ClusterEnvironment):
 
     @property
     def main_port(self) -> int:
-        port = optional_int_variable("MASTER_PORT")
-        if port is not None:
-            return port
-        job_id = optional_int_variable("SLURM_JOB_ID")
+        if "MASTER_PORT" in os.environ:
+            return port_variable("MASTER_PORT")
+        job_id = optional_int_variable("SLURM_JOB_ID", minimum=0, hint="SLURM sets it in every job.")
         if job_id is None:
             raise ValueError("Neither MASTER_PORT nor SLURM_JOB_ID is set; export MASTER_PORT.")
         return _PORT_BASE + job_id % _PORT_SPAN
@@ -65,16 +72,16 @@ class SLURMEnvironment(ClusterEnvironment):
         return os.environ.get("SLURM_JOB_NAME")
 
     def world_size(self) -> int:
-        return int_variable("SLURM_NTASKS", hint=_HINT)
+        return size_variable("SLURM_NTASKS", hint=_HINT)
 
     def global_rank(self) -> int:
-        return int_variable("SLURM_PROCID", hint=_HINT)
+        return rank_variable("SLURM_PROCID", "SLURM_NTASKS", hint=_HINT)
 
     def local_rank(self) -> int:
-        return int_variable("SLURM_LOCALID", hint=_HINT)
+        return rank_variable("SLURM_LOCALID", hint=_HINT)
 
     def node_rank(self) -> int:
-        return int_variable("SLURM_NODEID", hint=_HINT)
+        return rank_variable("SLURM_NODEID", first_set("SLURM_NNODES", "SLURM_JOB_NUM_NODES"), hint=_HINT)
 
     def validate_settings(self, num_devices: int, num_nodes: int) -> None:
         tasks_here, variable = self._tasks_on_this_node()
@@ -85,16 +92,24 @@ class SLURMEnvironment(ClusterEnvironment):
                 f"--ntasks-per-node={num_devices}."
             )
         nodes_variable = first_set("SLURM_NNODES", "SLURM_JOB_NUM_NODES")
-        if nodes_variable is not None and int_variable(nodes_variable) != num_nodes:
+        if nodes_variable is not None and size_variable(nodes_variable) != num_nodes:
             raise ValueError(
                 f"The SLURM job has {nodes_variable}={os.environ[nodes_variable]} node(s), but num_nodes="
                 f"{num_nodes}. Set num_nodes={os.environ[nodes_variable]}, or submit with --nodes={num_nodes}."
             )
+        # Each variable is checked where it is read: read them all before anything starts.
+        self.global_rank()
+        check_rank("SLURM_LOCALID", self.local_rank(), num_devices, f"devices={num_devices}", hint=_HINT)
+        check_rank("SLURM_NODEID", self.node_rank(), num_nodes, f"num_nodes={num_nodes}", hint=_HINT)
+        _ = self.main_port
+        check_main_address(
+            self.main_address, derived_from="the job's first node", must_resolve_now=self.node_rank() == 0
+        )
 
     def _tasks_on_this_node(self) -> tuple[int | None, str]:
         per_node = os.environ.get("SLURM_NTASKS_PER_NODE")
         if per_node is not None:
-            return int_variable("SLURM_NTASKS_PER_NODE"), f"SLURM_NTASKS_PER_NODE={per_node}"
+            return size_variable("SLURM_NTASKS_PER_NODE"), f"SLURM_NTASKS_PER_NODE={per_node}"
         layout = os.environ.get("SLURM_TASKS_PER_NODE") or os.environ.get("SLURM_STEP_TASKS_PER_NODE")
         if layout is None:
             return None, ""

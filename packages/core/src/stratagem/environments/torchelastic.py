@@ -2,7 +2,14 @@ from __future__ import annotations
 
 import os
 
-from stratagem.environments._variables import int_variable, str_variable
+from stratagem.environments._variables import (
+    check_main_address,
+    check_rank,
+    port_variable,
+    rank_variable,
+    size_variable,
+    str_variable,
+)
 from stratagem.environments.cluster_environment import ClusterEnvironment
 
 _HINT = "torchrun sets it for every worker it starts."
@@ -28,7 +35,7 @@ class TorchElasticEnvironment(ClusterEnvironment):
 
     @property
     def main_port(self) -> int:
-        return int_variable("MASTER_PORT", hint=_HINT)
+        return port_variable("MASTER_PORT", hint=_HINT)
 
     @staticmethod
     def detect() -> bool:
@@ -46,20 +53,20 @@ class TorchElasticEnvironment(ClusterEnvironment):
         return os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
 
     def world_size(self) -> int:
-        return int_variable("WORLD_SIZE", hint=_HINT)
+        return size_variable("WORLD_SIZE", hint=_HINT)
 
     def global_rank(self) -> int:
-        return int_variable("RANK", hint=_HINT)
+        return rank_variable("RANK", "WORLD_SIZE", hint=_HINT)
 
     def local_rank(self) -> int:
-        return int_variable("LOCAL_RANK", hint=_HINT)
+        return rank_variable("LOCAL_RANK", "LOCAL_WORLD_SIZE", hint=_HINT)
 
     def node_rank(self) -> int:
-        return int_variable("GROUP_RANK", hint=_HINT)
+        return rank_variable("GROUP_RANK", "GROUP_WORLD_SIZE", hint=_HINT)
 
     def validate_settings(self, num_devices: int, num_nodes: int) -> None:
         local_world_size = os.environ.get("LOCAL_WORLD_SIZE")
-        if local_world_size is not None and int_variable("LOCAL_WORLD_SIZE") != num_devices:
+        if local_world_size is not None and size_variable("LOCAL_WORLD_SIZE", hint=_HINT) != num_devices:
             raise ValueError(
                 f"torchrun started LOCAL_WORLD_SIZE={local_world_size} processes on this node, but devices="
                 f"{num_devices}. Set devices={local_world_size}, or run torchrun --nproc-per-node={num_devices}."
@@ -71,6 +78,12 @@ class TorchElasticEnvironment(ClusterEnvironment):
                 f"{num_nodes} = {num_devices * num_nodes}. Set num_nodes to torchrun's --nnodes and devices to "
                 "its --nproc-per-node."
             )
+        # Each variable is checked where it is read: read them all before anything starts.
+        self.global_rank()
+        check_rank("LOCAL_RANK", self.local_rank(), num_devices, f"devices={num_devices}", hint=_HINT)
+        check_rank("GROUP_RANK", self.node_rank(), num_nodes, f"num_nodes={num_nodes}", hint=_HINT)
+        _ = self.main_port
+        check_main_address(self.main_address, must_resolve_now=self.node_rank() == 0)
 
     def __repr__(self) -> str:
         return f"TorchElasticEnvironment(run_id={self.run_id!r})"

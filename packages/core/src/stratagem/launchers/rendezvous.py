@@ -1,4 +1,4 @@
-"""What a launcher tells each rank it starts, and the rendezvous port check done before starting."""
+"""What a launcher tells each rank it starts, and the rendezvous checks done before starting."""
 
 from __future__ import annotations
 
@@ -23,6 +23,31 @@ def rank_environment(
         "LOCAL_RANK": str(local_rank),
         "WORLD_SIZE": str(num_processes * num_nodes),
     }
+
+
+def check_placement(cluster_environment: ClusterEnvironment, num_devices: int, num_nodes: int) -> None:
+    """Raise ``ValueError`` when the environment places this process outside the job of ``num_devices`` x
+    ``num_nodes`` processes, where it would wait forever for peers that do not exist.
+
+    The built-in environments name the offending variable themselves in ``validate_settings``;
+    this catches what any environment, a plugin's included, reports.
+    """
+    world_size = cluster_environment.world_size()
+    if world_size != num_devices * num_nodes:
+        raise ValueError(
+            f"{cluster_environment!r} reports a world size of {world_size}, but devices={num_devices} x "
+            f"num_nodes={num_nodes} = {num_devices * num_nodes}. Set devices and num_nodes to the job's."
+        )
+    for what, rank, limit, limit_text in (
+        ("global rank", cluster_environment.global_rank(), world_size, f"a world size of {world_size}"),
+        ("local rank", cluster_environment.local_rank(), num_devices, f"devices={num_devices}"),
+        ("node rank", cluster_environment.node_rank(), num_nodes, f"num_nodes={num_nodes}"),
+    ):
+        if not 0 <= rank < limit:
+            raise ValueError(
+                f"{cluster_environment!r} places this process at {what} {rank}, outside {limit_text} (expected 0 "
+                f"to {limit - 1}); check the variables it reads."
+            )
 
 
 def check_main_port_free(cluster_environment: ClusterEnvironment) -> None:

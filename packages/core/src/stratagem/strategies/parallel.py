@@ -15,8 +15,10 @@ from stratagem.accelerators import Accelerator
 from stratagem.checkpoint_io import CheckpointIO, PathLike
 from stratagem.environments.cluster_environment import ClusterEnvironment
 from stratagem.launchers import Launcher, check_start_method, create_launcher
+from stratagem.launchers.rendezvous import check_placement
 from stratagem.precision import Precision
 from stratagem.strategies._backend_threads import wait_for_idle_gloo_workers
+from stratagem.strategies._process_group import ArrivalLog, join, join_timeout
 from stratagem.strategies._process_group_options import (
     check_backend_fits_device,
     check_process_group_backend,
@@ -66,6 +68,7 @@ class ParallelStrategy(Strategy, ABC):
         self.timeout = check_timeout(timeout)
         self.num_nodes = 1
         self._created_process_group = False
+        self._arrivals: ArrivalLog | None = None
 
     def configure(
         self,
@@ -86,6 +89,8 @@ class ParallelStrategy(Strategy, ABC):
         check_backend_fits_device(self._process_group_backend, self.accelerator.device_type)
         self.cluster_environment.validate_settings(len(self.parallel_devices), num_nodes)
         self._set_world_ranks()
+        check_placement(self.cluster_environment, len(self.parallel_devices), num_nodes)
+        join_timeout()
         self.complete_configuration()
 
     def complete_configuration(self) -> None:
@@ -153,31 +158,29 @@ class ParallelStrategy(Strategy, ABC):
         self.init_dist_connection()
 
     def init_dist_connection(self) -> None:
-        """Join the process group described by the cluster environment (no-op if already joined)."""
+        """Join the process group described by the cluster environment (no-op if already joined).
+
+        The ranks meet within the join timeout (``STRATAGEM_JOIN_TIMEOUT``, see
+        :func:`~stratagem.strategies._process_group.join`); :attr:`timeout` bounds the collectives after.
+        """
         if dist.is_initialized():
             return
         environment = self._environment
-        os.environ["MASTER_ADDR"] = environment.main_address
-        os.environ["MASTER_PORT"] = str(environment.main_port)
+        address, port = environment.main_address, environment.main_port
+        os.environ["MASTER_ADDR"] = address
+        os.environ["MASTER_PORT"] = str(port)
         rank, world_size = environment.global_rank(), environment.world_size()
-        try:
-            store, _, _ = next(dist.rendezvous("env://", rank, world_size, timeout=self.timeout))
-            dist.init_process_group(
-                self.process_group_backend,
-                store=dist.PrefixStore(
-                    f"stratagem/attempt_{environment.attempt}/rendezvous_{next(_rendezvous_count)}", store
-                ),
-                rank=rank,
-                world_size=world_size,
-                timeout=self.timeout,
-            )
-            self._created_process_group = True
-        except dist.DistNetworkError as error:
-            if "EADDRINUSE" not in str(error):
-                raise
-            from stratagem.launchers.rendezvous import port_in_use_message
-
-            raise RuntimeError(port_in_use_message(environment.main_port)) from error
+        prefix = f"stratagem/attempt_{environment.attempt}/rendezvous_{next(_rendezvous_count)}"
+        store = join(address, port, rank, world_size, prefix=prefix, timeout=join_timeout())
+        # Once every rank joined, the store's users (the backend's own connections, subgroups, the arrival log)
+        # are bounded like collectives.
+        for layer in (store, store.underlying_store):
+            layer.set_timeout(self.timeout)
+        dist.init_process_group(
+            self.process_group_backend, store=store, rank=rank, world_size=world_size, timeout=self.timeout
+        )
+        self._created_process_group = True
+        self._arrivals = ArrivalLog(store, rank, world_size)
 
     def reduce(self, tensor: torch.Tensor, op: ReduceOp = "mean") -> torch.Tensor:
         if not _distributed_ready():
@@ -228,14 +231,19 @@ class ParallelStrategy(Strategy, ABC):
 
     @contextlib.contextmanager
     def collective(self, description: str) -> Iterator[None]:
-        """Context around a collective: its failure or timeout is re-raised naming ``description`` and this rank."""
+        """Context around a collective: its failure or timeout is re-raised naming ``description`` and this
+        rank, and on a timeout the ranks that never arrived where the rendezvous store can tell."""
+        arrivals = self._arrivals if _distributed_ready() else None
+        if arrivals is not None:
+            arrivals.enter(description)
         try:
             yield
         except RuntimeError as error:
             timed_out = "timed out" in str(error).lower() or "timeout" in str(error).lower()
             what = f"did not complete within timeout={self.timeout}" if timed_out else "failed"
+            absent = f"\n{arrivals.absent()}" if timed_out and arrivals is not None else ""
             raise RuntimeError(
-                f"The collective {description} {what} on rank {self.global_rank}: {error}\n"
+                f"The collective {description} {what} on rank {self.global_rank}: {error}{absent}\n"
                 "A collective fails when another rank died, and times out when another rank never reached it "
                 "(for example, it runs different code or is stuck)."
             ) from error
@@ -291,6 +299,7 @@ class ParallelStrategy(Strategy, ABC):
                 self.destroy_process_group()
             wait_for_idle_gloo_workers()
         self._created_process_group = False
+        self._arrivals = None
         if self.cluster_environment is not None:
             self.cluster_environment.teardown()
 

@@ -1,0 +1,207 @@
+"""Joining the process group within a bounded time, and naming the ranks a timed-out collective waited for.
+
+``init_process_group(timeout=...)`` bounds collectives; ranks that never meet (a wrong
+``MASTER_ADDR``/``MASTER_PORT``, a rank that was never started) are bounded here instead, by a
+separate and much shorter join timeout.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from collections.abc import Sequence
+from datetime import timedelta
+
+import torch.distributed as dist
+
+from stratagem.environments._variables import seconds_variable
+from stratagem.launchers.rendezvous import port_in_use_message
+
+JOIN_TIMEOUT_VARIABLE = "STRATAGEM_JOIN_TIMEOUT"
+DEFAULT_JOIN_TIMEOUT_SECONDS = 120.0
+
+_ADVICE = (
+    f"Check that every rank was started and none failed before joining (its output says), that MASTER_ADDR is the "
+    f"address of node 0 as every node sees it and MASTER_PORT is the same on every node, and that no firewall "
+    f"blocks the port. {JOIN_TIMEOUT_VARIABLE} (seconds, default {DEFAULT_JOIN_TIMEOUT_SECONDS:.0f}) sets how long "
+    "ranks wait for each other to join."
+)
+
+
+class RendezvousTimeoutError(RuntimeError):
+    """The ranks did not all meet at the rendezvous within the join timeout."""
+
+
+def join_timeout() -> timedelta:
+    """How long a rank waits for all ranks to join: ``STRATAGEM_JOIN_TIMEOUT`` seconds, default 120."""
+    return timedelta(seconds=seconds_variable(JOIN_TIMEOUT_VARIABLE, DEFAULT_JOIN_TIMEOUT_SECONDS))
+
+
+def join(address: str, port: int, rank: int, world_size: int, prefix: str, timeout: timedelta) -> dist.PrefixStore:
+    """Meet every rank at ``address:port`` (rank 0 hosts the store there) within ``timeout``, and return the
+    store, namespaced by ``prefix``, that the process group is built on.
+
+    Raises :class:`RendezvousTimeoutError` naming the address, and the ranks that joined and
+    those that did not where the store can tell.
+    """
+    deadline = time.monotonic() + timeout.total_seconds()
+    where = f"MASTER_ADDR:MASTER_PORT = {address}:{port}"
+    # torchrun's agent hosts the store itself when it says so; every worker is then a client.
+    hosts_store = rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != str(True)
+    if not hosts_store:
+        _wait_until_reachable(address, port, rank, deadline, where)
+    try:
+        store = dist.TCPStore(
+            address,
+            port,
+            world_size,
+            is_master=hosts_store,
+            timeout=timeout,
+            wait_for_workers=False,
+            multi_tenant=True,
+            use_libuv=os.environ.get("USE_LIBUV", "1") == "1",
+        )
+    except dist.DistNetworkError as error:
+        if "EADDRINUSE" in str(error):
+            raise RuntimeError(port_in_use_message(port)) from error
+        if hosts_store:
+            raise RendezvousTimeoutError(
+                f"Rank 0 hosts the process-group rendezvous on port {port}, but could not reach it at {where} "
+                f"within the join timeout of {timeout.total_seconds():.0f} s ({error}). MASTER_ADDR must be an "
+                f"address of this machine (node 0). {_ADVICE}"
+            ) from error
+        raise RendezvousTimeoutError(
+            f"Rank {rank} could not connect to the rendezvous at {where} ({error}). {_ADVICE}"
+        ) from error
+    namespaced = dist.PrefixStore(prefix, store)
+    problem = _wait_for_every_rank(namespaced, rank, world_size, deadline)
+    if problem is not None:
+        # Released before raising: a store kept alive by the error's traceback would hold the port (a retry would
+        # find it in use) and abort a process forked later that garbage-collects it.
+        del namespaced, store
+        raise RendezvousTimeoutError(f"Rank {rank} at the rendezvous at {where}: {problem}. {_ADVICE}")
+    return namespaced
+
+
+def _wait_for_every_rank(store: dist.Store, rank: int, world_size: int, deadline: float) -> str | None:
+    """Record this rank in ``store`` and wait until every rank did; what went wrong, or ``None``."""
+    store.set(f"joined/{rank}", socket.gethostname())
+    if store.add("joined", 1) == world_size:
+        store.set("all_joined", "1")
+    try:
+        store.wait(["all_joined"], timedelta(seconds=max(deadline - time.monotonic(), 1.0)))
+    except dist.DistStoreError:
+        try:
+            joined = [other for other in range(world_size) if store.check([f"joined/{other}"])]
+        except RuntimeError:
+            return "not every rank joined within the join timeout"
+        missing = sorted(set(range(world_size)) - set(joined))
+        return (
+            f"only {len(joined)} of {world_size} ranks joined within the join timeout: {_ranks(missing)} did not "
+            f"({_ranks(joined)} did)"
+        )
+    except dist.DistNetworkError as error:
+        return (
+            f"the store went away while this rank waited for the others ({error}): the process hosting it (rank 0, "
+            "or torchrun's agent) ended"
+        )
+    return None
+
+
+def _wait_until_reachable(address: str, port: int, rank: int, deadline: float, where: str) -> None:
+    """Poll ``address:port`` until something accepts connections there: rank 0 may start after this rank.
+
+    torch's own client retries too, but for up to about twice its timeout and without saying why.
+    """
+    delay = 0.05
+    while True:
+        try:
+            with socket.create_connection((address, port), timeout=max(min(deadline - time.monotonic(), 5.0), 0.1)):
+                return
+        except OSError as error:
+            reason = error.strerror or str(error) or type(error).__name__
+        if time.monotonic() + delay >= deadline:
+            raise RendezvousTimeoutError(
+                f"Rank {rank} could not reach the rendezvous at {where} within the join timeout "
+                f"(last attempt: {reason}). Rank 0 hosts it there. {_ADVICE}"
+            )
+        time.sleep(delay)
+        delay = min(delay * 2, 1.0)
+
+
+class ArrivalLog:
+    """Where each rank last entered a collective, kept in the rendezvous store, so that a rank whose
+    collective timed out can name the ranks that never arrived.
+
+    Every rank counts the collectives it enters through :meth:`enter`; correct programs enter the
+    same collectives in the same order, so a rank whose count is behind did not arrive.
+    """
+
+    def __init__(self, store: dist.Store, rank: int, world_size: int) -> None:
+        self.store = store
+        self.rank = rank
+        self.world_size = world_size
+        self.count = 0
+        self.description = ""
+
+    def enter(self, description: str) -> None:
+        """Record that this rank enters its next collective."""
+        self.count += 1
+        self.description = description
+        try:
+            self.store.set(f"collective/{self.rank}", f"{self.count}\n{description}")
+        except RuntimeError:
+            # The log only explains a failure; the collective itself reports a store that went away.
+            pass
+
+    def absent(self) -> str:
+        """Which ranks had not entered this rank's current collective, in sentences ("" if unknown)."""
+        try:
+            others = {other: self._entry(other) for other in range(self.world_size) if other != self.rank}
+        except RuntimeError:
+            return ""
+        behind = {other: entry for other, entry in others.items() if entry[0] < self.count}
+        ahead = [other for other, (number, _) in others.items() if number > self.count]
+        different = {
+            other: text for other, (number, text) in others.items() if number == self.count and text != self.description
+        }
+        parts: list[str] = []
+        if behind:
+            details = "; ".join(
+                f"rank {other} " + (f"was last in #{number} {text}" if number else "had not entered any yet")
+                for other, (number, text) in sorted(behind.items())
+            )
+            parts.append(
+                f"{_ranks(sorted(behind)).capitalize()} never arrived at this collective (#{self.count} on this rank): "
+                f"{details}."
+            )
+        if different:
+            details = "; ".join(f"rank {other}: {text}" for other, text in sorted(different.items()))
+            parts.append(
+                f"{_ranks(sorted(different)).capitalize()} entered a different collective instead ({details})."
+            )
+        if ahead:
+            parts.append(f"{_ranks(sorted(ahead)).capitalize()} had gone past it, to a later collective.")
+        return " ".join(parts) or "Every rank had entered this collective."
+
+    def _entry(self, other: int) -> tuple[int, str]:
+        key = f"collective/{other}"
+        if not self.store.check([key]):
+            return 0, ""
+        number, _, text = self.store.get(key).decode().partition("\n")
+        return int(number), text
+
+
+def _ranks(ranks: Sequence[int]) -> str:
+    """``[0, 1, 2, 5]`` -> ``"ranks 0-2, 5"``; ``[3]`` -> ``"rank 3"``; ``[]`` -> ``"no rank"``."""
+    if not ranks:
+        return "no rank"
+    spans: list[list[int]] = []
+    for rank in ranks:
+        if spans and rank == spans[-1][1] + 1:
+            spans[-1][1] = rank
+        else:
+            spans.append([rank, rank])
+    text = ", ".join(str(first) if first == last else f"{first}-{last}" for first, last in spans)
+    return f"rank {text}" if len(ranks) == 1 else f"ranks {text}"
