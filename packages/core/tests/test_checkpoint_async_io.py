@@ -122,9 +122,12 @@ def test_async_is_registered_and_a_fit_waits_for_its_writes_at_the_end(tmp_path)
     trainer = quiet_trainer(tmp_path, max_steps=6, enable_checkpointing=True, callbacks=[callback], plugins="async")
     assert isinstance(trainer.strategy.checkpoint_io, AsyncCheckpointIO)
     trainer.fit(ClassifierModule(), make_loader())
-    last = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=True)
+    last = torch.load(tmp_path / "checkpoints" / "version_0" / "last.ckpt", weights_only=True)
     assert last["loops"]["fit"]["global_step"] == 6
-    assert sorted(path.name for path in (tmp_path / "checkpoints").iterdir()) == ["epoch=0-step=6.ckpt", "last.ckpt"]
+    assert sorted(path.name for path in (tmp_path / "checkpoints" / "version_0").iterdir()) == [
+        "epoch=0-step=6.ckpt",
+        "last.ckpt",
+    ]
 
 
 def test_a_failed_background_write_fails_the_fit(tmp_path):

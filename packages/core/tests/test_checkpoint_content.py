@@ -13,6 +13,7 @@ EXPECTED_KEYS = {
     "rng",
     "callbacks",
     "precision",
+    "saved_by",
     "format_version",
     "stratagem_version",
 }
@@ -54,6 +55,7 @@ def test_a_checkpoint_holds_every_part_of_the_run_and_loads_weights_only(tmp_pat
     assert {"torch", "python"} <= set(checkpoint["rng"])
     assert checkpoint["callbacks"] == {"_Counter": {"batches": 5}}
     assert "scale" in checkpoint["precision"]["scaler"]
+    assert checkpoint["saved_by"] == {"strategy": "SingleDeviceStrategy", "precision": "16-mixed", "world_size": 1}
 
 
 def test_module_and_callback_hooks_add_and_read_their_own_entries(tmp_path):
