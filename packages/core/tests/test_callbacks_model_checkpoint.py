@@ -1,6 +1,8 @@
 import multiprocessing
 import os
 import shutil
+import subprocess
+import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
@@ -11,7 +13,7 @@ from trainer_testing import ClassifierModule, make_loader, quiet_trainer
 
 from stratagem.callbacks import ModelCheckpoint
 from stratagem.callbacks.model_checkpoint import find_last_checkpoint
-from stratagem.checkpoint_io import PathLike, move_into_place, temporary_sibling
+from stratagem.checkpoint_io import PathLike, atomic, move_into_place, temporary_sibling
 from stratagem.loggers import CSVLogger
 from stratagem.strategies import SingleDeviceStrategy
 from stratagem.trainer.checkpointing import resolve_ckpt_path
@@ -159,6 +161,30 @@ def test_last_is_the_newest_complete_checkpoint_of_every_run_under_the_root(tmp_
     assert resolve_ckpt_path(trainer, "last", "fit") == str(newest)
     write(root / "epoch=0-step=50.ckpt", 10)  # the layout before version directories still counts
     assert resolve_ckpt_path(trainer, "last", "fit") == str(root / "epoch=0-step=50.ckpt")
+
+
+def test_a_fit_removes_what_a_crashed_run_left_under_temporary_names_and_nothing_else(tmp_path):
+    crashed = _run_directory(tmp_path, 0)
+    crashed.mkdir(parents=True)
+    process = subprocess.Popen([sys.executable, "-c", "pass"])
+    process.wait()
+    token = temporary_sibling(crashed / "last.ckpt").name.rsplit("-", 1)[1]
+    host = atomic._host_tag()
+    left = crashed / f".epoch=0-step=4.ckpt.tmp-{host}-{process.pid}-{token}"
+    (left / "shards").mkdir(parents=True)  # a directory checkpoint, half written
+    (left / "shards" / "0.pt").write_bytes(b"x" * 1000)
+    kept = [
+        crashed / "epoch=0-step=2.ckpt",
+        crashed / ".notes",
+        crashed / f".last.ckpt.tmp-{host}-{os.getpid()}-{token}",
+    ]
+    for path in [left, left / "shards", left / "shards" / "0.pt", *kept]:
+        if not path.exists():
+            path.write_bytes(b"x")
+        os.utime(path, (time.time() - 120, time.time() - 120))
+    _fit(tmp_path, ModelCheckpoint(every_n_train_steps=2), max_steps=2)
+    assert sorted(crashed.iterdir()) == sorted(kept)
+    assert _names(_run_directory(tmp_path, 1)) == ["epoch=0-step=2.ckpt"]
 
 
 def test_resuming_says_which_checkpoint_and_what_differs_from_the_run_that_saved_it(tmp_path, capsys):

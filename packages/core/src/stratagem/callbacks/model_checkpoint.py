@@ -172,8 +172,8 @@ class ModelCheckpoint(Callback):
         if plan is None:
             return
         # Bookkeeping first, so that the checkpoint being written already knows it is in the
-        # top k (a run resumed from it then manages it like the others); files of checkpoints
-        # that drop out are deleted only once the new one is safely written.
+        # top k (a run resumed from it then ranks it like the others); files of checkpoints
+        # that drop out are deleted only once the new one is safely written, and only our own.
         self._last_saved_step = trainer.global_step
         for path in [*plan.remove, *plan.forget]:
             self.best_k_models.pop(path, None)
@@ -181,8 +181,8 @@ class ModelCheckpoint(Callback):
             remove_stale_temporaries(self.dirpath)
         if plan.path is not None:
             self._record(plan.path, plan.score)
-            trainer.save_checkpoint(plan.path)
             self._written.add(plan.path)
+            trainer.save_checkpoint(plan.path)
         for path in plan.remove:
             if path != plan.path:
                 trainer.strategy.remove_checkpoint(path)
