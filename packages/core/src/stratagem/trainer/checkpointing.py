@@ -59,14 +59,16 @@ def announce_loaded(trainer: Trainer, path: str, checkpoint: dict[str, Any], wha
     if not trainer.is_global_zero:
         return
     line = f"stratagem: {what} {path}"
-    fit = checkpoint.get("loops", {}).get("fit", {})
-    if "global_step" in fit:
-        line += f" (epoch {fit.get('epoch', '?')}, step {fit['global_step']})"
+    # Only plain values of the expected kind are shown: the file may come from anywhere.
+    loops = checkpoint.get("loops")
+    fit = loops.get("fit") if isinstance(loops, dict) else None
+    if isinstance(fit, dict) and isinstance(fit.get("epoch"), int) and isinstance(fit.get("global_step"), int):
+        line += f" (epoch {fit['epoch']}, step {fit['global_step']})"
     then, now = checkpoint.get("saved_by"), saved_by(trainer)
     if isinstance(then, dict):
-        changed = [key for key in ("strategy", "precision", "world_size") if key in then and then[key] != now[key]]
+        changed = [key for key, value in now.items() if isinstance(then.get(key), str | int) and then[key] != value]
         if changed:
-            before = ", ".join(f"{key} {then[key]}" for key in changed)
+            before = ", ".join(f"{key} {str(then[key])[:100]}" for key in changed)
             after = ", ".join(f"{key} {now[key]}" for key in changed)
             line += f"; it was saved with {before}, this run uses {after}"
     print(line, file=sys.stderr, flush=True)
