@@ -1,5 +1,10 @@
+import multiprocessing
 import os
 import shutil
+import subprocess
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -8,12 +13,19 @@ from trainer_testing import ClassifierModule, make_loader, quiet_trainer
 
 from stratagem.callbacks import ModelCheckpoint
 from stratagem.callbacks.model_checkpoint import find_last_checkpoint
-from stratagem.checkpoint_io import PathLike, move_into_place, temporary_sibling
+from stratagem.checkpoint_io import PathLike, atomic, move_into_place, temporary_sibling
+from stratagem.loggers import CSVLogger
 from stratagem.strategies import SingleDeviceStrategy
+from stratagem.trainer.checkpointing import resolve_ckpt_path
 
 
 def _names(directory: Path) -> list[str]:
     return sorted(entry.name for entry in directory.iterdir())
+
+
+def _run_directory(root: Path, version: int = 0) -> Path:
+    """Where the fit numbered ``version`` under ``root`` saves by default."""
+    return root / "checkpoints" / f"version_{version}"
 
 
 class _ScriptedMetric(ClassifierModule):
@@ -42,8 +54,8 @@ def test_every_n_train_steps_saves_and_keeps_the_most_recent_by_default(tmp_path
     callback = ModelCheckpoint(every_n_train_steps=3, save_top_k=2)
     _fit(tmp_path, callback, max_steps=10)
     # Steps 3, 6, 9, and the final step 10 at the end of training; the two newest stay.
-    assert _names(tmp_path / "checkpoints") == ["epoch=2-step=10.ckpt", "epoch=2-step=9.ckpt"]
-    assert callback.best_model_path == str(tmp_path / "checkpoints" / "epoch=2-step=10.ckpt")
+    assert _names(_run_directory(tmp_path)) == ["epoch=2-step=10.ckpt", "epoch=2-step=9.ckpt"]
+    assert callback.best_model_path == str(_run_directory(tmp_path) / "epoch=2-step=10.ckpt")
 
 
 def test_every_n_epochs_saves_at_the_end_of_epochs(tmp_path):
@@ -59,34 +71,145 @@ def test_top_k_keeps_the_best_checkpoints_by_the_monitored_metric(tmp_path, mode
     _fit(tmp_path, callback, module=_ScriptedMetric(scores), max_epochs=5)
     epochs = {score: index for index, score in enumerate(scores)}
     expected = sorted(f"epoch={epochs[score]}-score={score:.1f}.ckpt" for score in kept)
-    assert _names(tmp_path / "checkpoints") == expected
+    assert _names(_run_directory(tmp_path)) == expected
     assert sorted(callback.best_k_models.values()) == pytest.approx(sorted(kept))
     assert callback.best_model_score == pytest.approx(best)
     assert Path(callback.best_model_path).name == f"epoch={epochs[best]}-score={best:.1f}.ckpt"
 
 
-def test_a_resumed_run_keeps_managing_the_checkpoints_of_the_first_one(tmp_path):
+def test_a_resumed_run_saves_into_a_new_directory_and_leaves_the_first_runs_checkpoints(tmp_path):
     _fit(tmp_path, ModelCheckpoint(every_n_train_steps=3), max_steps=6)
-    assert _names(tmp_path / "checkpoints") == ["epoch=1-step=6.ckpt"]
-    saved = torch.load(tmp_path / "checkpoints" / "epoch=1-step=6.ckpt", weights_only=True)
+    assert _names(_run_directory(tmp_path)) == ["epoch=1-step=6.ckpt"]
+    saved = torch.load(_run_directory(tmp_path) / "epoch=1-step=6.ckpt", weights_only=True)
     (state,) = saved["callbacks"].values()
     assert state["best_model_path"].endswith("epoch=1-step=6.ckpt")
-    _fit(tmp_path, ModelCheckpoint(every_n_train_steps=3), max_steps=9, ckpt_path="last")
-    assert _names(tmp_path / "checkpoints") == ["epoch=2-step=9.ckpt"]
+    resumed = _fit(tmp_path, ModelCheckpoint(every_n_train_steps=3), max_steps=9, ckpt_path="last")
+    assert resumed.global_step == 9
+    assert _names(_run_directory(tmp_path)) == ["epoch=1-step=6.ckpt"]
+    assert _names(_run_directory(tmp_path, 1)) == ["epoch=2-step=9.ckpt"]
+
+
+def test_a_resumed_run_in_the_same_dirpath_deletes_only_what_it_wrote(tmp_path):
+    dirpath = tmp_path / "ckpts"
+    _fit(tmp_path, ModelCheckpoint(dirpath=dirpath, every_n_train_steps=3), max_steps=6)
+    callback = ModelCheckpoint(dirpath=dirpath, every_n_train_steps=3)
+    _fit(tmp_path, callback, max_steps=12, ckpt_path="last")
+    # The first run's step 6 left the top 1 at step 9 but stays; this run's step 9 made way for step 12.
+    assert _names(dirpath) == ["epoch=1-step=6.ckpt", "epoch=2-step=12.ckpt"]
+    assert callback.best_k_models == {str(dirpath / "epoch=2-step=12.ckpt"): 12.0}
+
+
+def test_a_second_run_in_the_same_root_neither_overwrites_nor_deletes_the_first_ones_checkpoints(tmp_path):
+    first = _fit(tmp_path, ModelCheckpoint(every_n_train_steps=2, save_last=True), max_steps=4)
+    saved = {path.name: path.read_bytes() for path in _run_directory(tmp_path).iterdir()}
+    second = _fit(tmp_path, ModelCheckpoint(every_n_train_steps=2, save_last=True), max_steps=6)
+    assert {path.name: path.read_bytes() for path in _run_directory(tmp_path).iterdir()} == saved
+    assert _names(_run_directory(tmp_path, 1)) == ["epoch=1-step=6.ckpt", "last.ckpt"]
+    assert first.checkpoint_callback.best_model_path != second.checkpoint_callback.best_model_path
+
+
+def test_a_runs_logs_and_checkpoints_share_its_version_number(tmp_path):
+    first = _fit(tmp_path, ModelCheckpoint(), max_steps=2, logger="csv")
+    (tmp_path / "checkpoints" / "version_1").mkdir()  # taken by a run that has not logged yet
+    loggers = ["csv", CSVLogger(tmp_path, name="mine"), CSVLogger(tmp_path, name="fixed", version=7)]
+    second = _fit(tmp_path, ModelCheckpoint(), max_steps=2, logger=loggers)
+    assert (first.logger.version, first.checkpoint_callback.dirpath) == (0, _run_directory(tmp_path, 0))
+    assert (second.logger.version, second.checkpoint_callback.dirpath) == (2, _run_directory(tmp_path, 2))
+    assert (tmp_path / "csv_logs" / "version_2" / "metrics.csv").is_file()
+    assert [logger.version for logger in second.loggers[1:]] == [2, 7]  # a version given is kept
+
+
+def _concurrent_fit(root, steps, ready):
+    ready.wait(timeout=60)
+    trainer = _fit(root, ModelCheckpoint(every_n_train_steps=steps), max_steps=steps)
+    return trainer.checkpoint_callback.best_model_path, steps
+
+
+def test_concurrent_runs_in_the_same_root_keep_every_runs_checkpoints(tmp_path):
+    context = multiprocessing.get_context("spawn")
+    with context.Manager() as manager, ProcessPoolExecutor(3, mp_context=context) as pool:
+        ready = manager.Event()
+        futures = [pool.submit(_concurrent_fit, tmp_path, steps, ready) for steps in (2, 3, 4)]
+        ready.set()
+        results = [future.result(timeout=120) for future in futures]
+    paths = [Path(path) for path, _ in results]
+    assert len({path.parent for path in paths}) == 3
+    assert sorted(path.parent.name for path in paths) == ["version_0", "version_1", "version_2"]
+    for path, steps in results:
+        assert torch.load(path, weights_only=True)["loops"]["fit"]["global_step"] == steps
+        assert _names(Path(path).parent) == [Path(path).name]
+
+
+def test_last_is_the_newest_complete_checkpoint_of_every_run_under_the_root(tmp_path):
+    def write(path, seconds_ago):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"x")
+        then = time.time() - seconds_ago
+        os.utime(path, (then, then))
+        return path
+
+    root = tmp_path / "checkpoints"
+    write(root / "version_0" / "epoch=0-step=30.ckpt", 50)
+    write(root / "version_1" / "last.ckpt", 40)  # a crash came after the next top-k save, before last
+    newest = write(root / "version_1" / "epoch=0-step=40.ckpt", 30)
+    write(root / "version_2" / temporary_sibling(root / "version_2" / "last.ckpt").name, 0)  # half-written
+    write(root / "version_2" / "notes.txt", 0)
+    (root / "version_2" / "last.ckpt").symlink_to("missing.ckpt")
+    write(root / "not_a_version" / "epoch=0-step=99.ckpt", 0)
+    assert find_last_checkpoint(root) == newest
+    trainer = quiet_trainer(tmp_path, enable_checkpointing=True)
+    assert resolve_ckpt_path(trainer, "last", "fit") == str(newest)
+    write(root / "epoch=0-step=50.ckpt", 10)  # the layout before version directories still counts
+    assert resolve_ckpt_path(trainer, "last", "fit") == str(root / "epoch=0-step=50.ckpt")
+
+
+def test_a_fit_removes_what_a_crashed_run_left_under_temporary_names_and_nothing_else(tmp_path):
+    crashed = _run_directory(tmp_path, 0)
+    crashed.mkdir(parents=True)
+    process = subprocess.Popen([sys.executable, "-c", "pass"])
+    process.wait()
+    token = temporary_sibling(crashed / "last.ckpt").name.rsplit("-", 1)[1]
+    host = atomic._host_tag()
+    left = crashed / f".epoch=0-step=4.ckpt.tmp-{host}-{process.pid}-{token}"
+    (left / "shards").mkdir(parents=True)  # a directory checkpoint, half written
+    (left / "shards" / "0.pt").write_bytes(b"x" * 1000)
+    kept = [
+        crashed / "epoch=0-step=2.ckpt",
+        crashed / ".notes",
+        crashed / f".last.ckpt.tmp-{host}-{os.getpid()}-{token}",
+    ]
+    for path in [left, left / "shards", left / "shards" / "0.pt", *kept]:
+        if not path.exists():
+            path.write_bytes(b"x")
+        os.utime(path, (time.time() - 120, time.time() - 120))
+    _fit(tmp_path, ModelCheckpoint(every_n_train_steps=2), max_steps=2)
+    assert sorted(crashed.iterdir()) == sorted(kept)
+    assert _names(_run_directory(tmp_path, 1)) == ["epoch=0-step=2.ckpt"]
+
+
+def test_resuming_says_which_checkpoint_and_what_differs_from_the_run_that_saved_it(tmp_path, capsys):
+    _fit(tmp_path, ModelCheckpoint(every_n_train_steps=2), max_steps=2, precision="bf16-mixed")
+    capsys.readouterr()
+    _fit(tmp_path, ModelCheckpoint(every_n_train_steps=2), max_steps=4, ckpt_path="last")
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert line == (
+        f"stratagem: resuming from {_run_directory(tmp_path) / 'epoch=0-step=2.ckpt'} (epoch 0, step 2); "
+        "it was saved with precision bf16-mixed, this run uses precision 32-true"
+    )
 
 
 def test_a_metric_that_was_never_logged_saves_nothing_and_warns(tmp_path):
     callback = ModelCheckpoint(monitor="missing", every_n_train_steps=2)
     with pytest.warns(UserWarning, match="ModelCheckpoint\\(monitor='missing'\\) found no such metric"):
         _fit(tmp_path, callback, max_steps=2)
-    assert not (tmp_path / "checkpoints").exists()
+    assert _names(_run_directory(tmp_path)) == []
 
 
 def test_save_last_writes_last_and_best_resumes_from_the_best(tmp_path):
     callback = ModelCheckpoint(monitor="score", save_last=True)
     trainer = _fit(tmp_path, callback, module=_ScriptedMetric([0.3, 0.1, 0.2]), max_epochs=3)
-    assert _names(tmp_path / "checkpoints") == ["epoch=1-step=8.ckpt", "last.ckpt"]
-    last = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=True)
+    assert _names(_run_directory(tmp_path)) == ["epoch=1-step=8.ckpt", "last.ckpt"]
+    last = torch.load(_run_directory(tmp_path) / "last.ckpt", weights_only=True)
     assert last["loops"]["fit"]["global_step"] == 12
     resumed = quiet_trainer(tmp_path, max_epochs=3)
     resumed.validate(ClassifierModule(), make_loader(), ckpt_path=callback.best_model_path)
@@ -96,7 +219,7 @@ def test_save_last_writes_last_and_best_resumes_from_the_best(tmp_path):
 def test_save_last_as_link_points_at_the_newest_checkpoint(tmp_path):
     callback = ModelCheckpoint(save_last="link", every_n_train_steps=2)
     _fit(tmp_path, callback, max_steps=4)
-    last = tmp_path / "checkpoints" / "last.ckpt"
+    last = _run_directory(tmp_path) / "last.ckpt"
     assert last.is_symlink()
     assert os.readlink(last) == "epoch=0-step=4.ckpt"
     assert torch.load(last, weights_only=True)["loops"]["fit"]["global_step"] == 4
@@ -169,8 +292,8 @@ class _DirectoryStrategy(SingleDeviceStrategy):
 def test_directory_checkpoints_are_kept_replaced_and_resumed_like_files(tmp_path):
     callback = ModelCheckpoint(every_n_train_steps=2, save_last=True)
     trainer = _fit(tmp_path, callback, strategy=_DirectoryStrategy(), max_steps=5)
-    assert _names(tmp_path / "checkpoints") == ["epoch=1-step=5.ckpt", "last.ckpt"]
-    assert (tmp_path / "checkpoints" / "last.ckpt" / "module.pt").is_file()
+    assert _names(_run_directory(tmp_path)) == ["epoch=1-step=5.ckpt", "last.ckpt"]
+    assert (_run_directory(tmp_path) / "last.ckpt" / "module.pt").is_file()
     assert trainer.global_step == 5
     resumed = _fit(
         tmp_path, ModelCheckpoint(every_n_train_steps=2, save_last=True), strategy=_DirectoryStrategy(), max_steps=6
@@ -198,18 +321,17 @@ def test_saving_last_over_a_directory_checkpoint_keeps_the_previous_one_whole_un
     with pytest.raises(OSError, match="disk full"):
         _fit(tmp_path, ModelCheckpoint(every_n_train_steps=2, save_last=True), strategy=strategy, max_steps=5)
     assert strategy.previous_last_whole == [False, True]
-    last = tmp_path / "checkpoints" / "last.ckpt"
+    last = _run_directory(tmp_path) / "last.ckpt"
     assert torch.load(last / "loops.pt", weights_only=True)["fit"]["global_step"] == 2
 
 
 def test_saving_last_over_a_link_replaces_the_link_and_leaves_the_checkpoint_it_pointed_to(tmp_path):
     checkpoints = tmp_path / "checkpoints"
-    _fit(tmp_path, ModelCheckpoint(save_last="link", every_n_train_steps=2), strategy=_DirectoryStrategy(), max_steps=2)
+    first = ModelCheckpoint(dirpath=checkpoints, save_last="link", every_n_train_steps=2)
+    _fit(tmp_path, first, strategy=_DirectoryStrategy(), max_steps=2)
     [linked] = [path for path in checkpoints.iterdir() if path.name != "last.ckpt"]
-    _fit(
-        tmp_path, ModelCheckpoint(save_last=True, every_n_train_steps=2, save_top_k=0),
-        strategy=_DirectoryStrategy(), max_steps=4,
-    )  # fmt: skip
+    second = ModelCheckpoint(dirpath=checkpoints, save_last=True, every_n_train_steps=2, save_top_k=0)
+    _fit(tmp_path, second, strategy=_DirectoryStrategy(), max_steps=4)
     last = checkpoints / "last.ckpt"
     assert not last.is_symlink()
     assert torch.load(last / "loops.pt", weights_only=True)["fit"]["global_step"] == 4

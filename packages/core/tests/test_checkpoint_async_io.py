@@ -1,3 +1,5 @@
+import errno
+import os
 import pickle
 import threading
 
@@ -66,15 +68,66 @@ def test_an_error_in_the_background_surfaces_at_the_next_call_and_at_teardown(tm
         io.save_checkpoint({"step": 2}, tmp_path / "b.ckpt")
 
 
+class _DiskFullAfter(TorchCheckpointIO):
+    """Writes through torch.save, which fails with ENOSPC (as on a full disk) after ``writes`` successful writes."""
+
+    def __init__(self, writes):
+        self.writes = writes
+
+    def save_checkpoint(self, checkpoint, path):
+        original = torch.save
+
+        def save(*args, **kwargs):
+            if self.writes == 0:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            self.writes -= 1
+            return original(*args, **kwargs)
+
+        torch.save = save
+        try:
+            super().save_checkpoint(checkpoint, path)
+        finally:
+            torch.save = original
+
+
+def test_a_removal_queued_behind_a_failed_write_does_not_run(tmp_path):
+    io = AsyncCheckpointIO(_DiskFullAfter(writes=1))
+    io.save_checkpoint({"step": 1}, tmp_path / "a.ckpt")
+    io.save_checkpoint({"step": 2}, tmp_path / "b.ckpt")
+    io.remove_checkpoint(tmp_path / "a.ckpt")
+    with pytest.raises(RuntimeError, match=r"background checkpoint write failed: .*No space left on device"):
+        io.teardown()
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["a.ckpt"]
+    assert torch.load(tmp_path / "a.ckpt", weights_only=True) == {"step": 1}
+
+
+def test_a_disk_full_during_top_k_rotation_keeps_the_previous_checkpoint_and_fails_the_fit(tmp_path):
+    callback = ModelCheckpoint(every_n_train_steps=2, save_top_k=1, dirpath=tmp_path / "ckpts")
+    trainer = quiet_trainer(
+        tmp_path,
+        max_steps=6,
+        enable_checkpointing=True,
+        callbacks=[callback],
+        plugins=AsyncCheckpointIO(_DiskFullAfter(writes=1)),
+    )
+    with pytest.raises(RuntimeError, match="No space left on device"):
+        trainer.fit(ClassifierModule(), make_loader())
+    assert sorted(path.name for path in (tmp_path / "ckpts").iterdir()) == ["epoch=0-step=2.ckpt"]
+    assert torch.load(tmp_path / "ckpts" / "epoch=0-step=2.ckpt", weights_only=True)["loops"]["fit"]["global_step"] == 2
+
+
 def test_async_is_registered_and_a_fit_waits_for_its_writes_at_the_end(tmp_path):
     assert isinstance(registry.checkpoint_io.create("async"), AsyncCheckpointIO)
     callback = ModelCheckpoint(every_n_train_steps=2, save_last=True)
     trainer = quiet_trainer(tmp_path, max_steps=6, enable_checkpointing=True, callbacks=[callback], plugins="async")
     assert isinstance(trainer.strategy.checkpoint_io, AsyncCheckpointIO)
     trainer.fit(ClassifierModule(), make_loader())
-    last = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=True)
+    last = torch.load(tmp_path / "checkpoints" / "version_0" / "last.ckpt", weights_only=True)
     assert last["loops"]["fit"]["global_step"] == 6
-    assert sorted(path.name for path in (tmp_path / "checkpoints").iterdir()) == ["epoch=0-step=6.ckpt", "last.ckpt"]
+    assert sorted(path.name for path in (tmp_path / "checkpoints" / "version_0").iterdir()) == [
+        "epoch=0-step=6.ckpt",
+        "last.ckpt",
+    ]
 
 
 def test_a_failed_background_write_fails_the_fit(tmp_path):

@@ -4,6 +4,7 @@ from trainer_testing import ClassifierModule, make_loader, quiet_trainer
 
 from stratagem.callbacks import Callback
 from stratagem.checkpoint_io import CheckpointError, TorchCheckpointIO
+from stratagem.trainer.checkpointing import announce_loaded
 
 EXPECTED_KEYS = {
     "module",
@@ -13,6 +14,7 @@ EXPECTED_KEYS = {
     "rng",
     "callbacks",
     "precision",
+    "saved_by",
     "format_version",
     "stratagem_version",
 }
@@ -54,6 +56,7 @@ def test_a_checkpoint_holds_every_part_of_the_run_and_loads_weights_only(tmp_pat
     assert {"torch", "python"} <= set(checkpoint["rng"])
     assert checkpoint["callbacks"] == {"_Counter": {"batches": 5}}
     assert "scale" in checkpoint["precision"]["scaler"]
+    assert checkpoint["saved_by"] == {"strategy": "SingleDeviceStrategy", "precision": "16-mixed", "world_size": 1}
 
 
 def test_module_and_callback_hooks_add_and_read_their_own_entries(tmp_path):
@@ -128,3 +131,29 @@ def test_scheduler_count_mismatch_is_refused(tmp_path):
     trainer.save_checkpoint(tmp_path / "run.ckpt")
     with pytest.raises(ValueError, match=r"holds 1 lr scheduler state\(s\), but configure_optimizers\(\) created 0"):
         quiet_trainer(tmp_path, max_steps=2).fit(ClassifierModule(), make_loader(), ckpt_path=tmp_path / "run.ckpt")
+
+
+def test_loading_says_which_checkpoint_and_shows_only_plain_values_of_what_saved_it(tmp_path, capsys):
+    trainer = quiet_trainer(tmp_path)
+    saved = {
+        "loops": {"fit": {"epoch": 1, "global_step": 40}},
+        "saved_by": {"strategy": "FSDPStrategy", "precision": "32-true", "world_size": 2},
+    }
+    announce_loaded(trainer, "a.ckpt", saved, "resuming from")
+    announce_loaded(trainer, "b.ckpt", {"loops": [1], "saved_by": {"strategy": ["x"], "precision": None}}, "loaded")
+    assert capsys.readouterr().err.splitlines() == [
+        "stratagem: resuming from a.ckpt (epoch 1, step 40); it was saved with strategy FSDPStrategy, world_size 2, "
+        "this run uses strategy SingleDeviceStrategy, world_size 1",
+        "stratagem: loaded b.ckpt",
+    ]
+
+
+def test_validating_from_a_checkpoint_says_whose_weights_it_loaded(tmp_path, capsys):
+    trainer = quiet_trainer(tmp_path, max_steps=2)
+    trainer.fit(ClassifierModule(), make_loader())
+    trainer.save_checkpoint(tmp_path / "run.ckpt")
+    capsys.readouterr()
+    quiet_trainer(tmp_path).validate(ClassifierModule(), make_loader(), ckpt_path=tmp_path / "run.ckpt")
+    assert capsys.readouterr().err.splitlines() == [
+        f"stratagem: loaded the weights of {tmp_path / 'run.ckpt'} (epoch 0, step 2)"
+    ]

@@ -23,10 +23,14 @@ def _run_demo(*argv):
 def test_the_demo_trains_prints_its_result_and_saves_a_checkpoint(tmp_path, capsys):
     assert _run_demo("--max-steps", "40", "--root-dir", str(tmp_path), "--precision", "bf16-mixed") == 0
     output = capsys.readouterr().out
-    summary = output.strip().splitlines()[-1]
+    setup, summary = output.strip().splitlines()[0], output.strip().splitlines()[-1]
+    assert setup == (
+        "stratagem demo: SingleDeviceStrategy(device='cpu'), precision bf16-mixed, 1 process; "
+        f"checkpoints go to {tmp_path / 'checkpoints' / 'version_0'}"
+    )
     assert summary.startswith("done after 40 steps: train_loss ")
     assert "steps/s" in summary
-    checkpoint = tmp_path / "checkpoints" / "epoch=0-step=40.ckpt"
+    checkpoint = tmp_path / "checkpoints" / "version_0" / "epoch=0-step=40.ckpt"
     assert f"checkpoint {checkpoint}" in summary
     assert torch.load(checkpoint, weights_only=True)["loops"]["fit"]["global_step"] == 40
     assert (tmp_path / "csv_logs" / "version_0" / "metrics.csv").is_file()
@@ -46,10 +50,20 @@ def test_the_summary_counts_one_step_in_the_singular(tmp_path, capsys):
     assert capsys.readouterr().out.strip().splitlines()[-1].startswith("done after 1 step: ")
 
 
-def test_the_demo_resumes_from_its_last_checkpoint(tmp_path, capsys):
-    _run_demo("--max-steps", "20", "--root-dir", str(tmp_path), "--logger", "none")
+def test_the_demo_resumes_from_the_last_checkpoint_says_so_and_keeps_the_previous_runs(tmp_path, capsys):
+    _run_demo("--max-steps", "20", "--root-dir", str(tmp_path), "--logger", "none", "--precision", "bf16-mixed")
+    first = tmp_path / "checkpoints" / "version_0" / "epoch=0-step=20.ckpt"
+    saved = first.read_bytes()
+    capsys.readouterr()
     assert _run_demo("--max-steps", "30", "--root-dir", str(tmp_path), "--ckpt-path", "last", "--logger", "none") == 0
-    assert capsys.readouterr().out.strip().splitlines()[-1].startswith("done after 30 steps")
+    output = capsys.readouterr()
+    assert output.out.strip().splitlines()[-1].startswith("done after 30 steps")
+    assert output.err.strip().splitlines() == [
+        f"stratagem: resuming from {first} (epoch 0, step 20); "
+        "it was saved with precision bf16-mixed, this run uses precision 32-true"
+    ]
+    assert first.read_bytes() == saved
+    assert (tmp_path / "checkpoints" / "version_1" / "epoch=0-step=30.ckpt").is_file()
 
 
 def test_a_bad_option_is_reported_without_a_traceback(tmp_path, capsys):
@@ -87,4 +101,4 @@ def test_the_example_script_runs_the_same_job(tmp_path):
     )
     assert completed.returncode == 0, completed.stderr
     assert "final train loss" in completed.stdout
-    assert (tmp_path / "checkpoints" / "epoch=0-step=20.ckpt").is_file()
+    assert (tmp_path / "checkpoints" / "version_0" / "epoch=0-step=20.ckpt").is_file()

@@ -1,11 +1,14 @@
 import csv
 import pickle
+import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from trainer_testing import ClassifierModule, make_loader, quiet_trainer
 
 from stratagem.loggers import CSVLogger, TensorBoardLogger
 from stratagem.loggers import tensorboard as tensorboard_module
+from stratagem.loggers.logger import claim_next_version
 
 
 def _rows(path):
@@ -84,3 +87,25 @@ def test_tensorboard_logger_writes_event_files(tmp_path):
     events.Reload()
     assert [event.step for event in events.Scalars("train_loss")] == [2, 4]
     assert (tmp_path / "csv_logs" / "version_0" / "metrics.csv").is_file()
+
+
+def test_claiming_versions_at_the_same_moment_gives_each_claimant_its_own(tmp_path):
+    (tmp_path / "version_3").mkdir(parents=True)
+    barrier = threading.Barrier(8)
+
+    def claim():
+        barrier.wait(timeout=30)
+        return claim_next_version(tmp_path)
+
+    with ThreadPoolExecutor(8) as pool:
+        versions = list(pool.map(lambda _: claim(), range(8)))
+    assert sorted(versions) == list(range(4, 12))
+
+
+def test_a_logger_adopts_an_offered_version_only_when_it_has_none_and_the_directory_is_free(tmp_path):
+    free, taken, chosen = (CSVLogger(tmp_path, name=name) for name in ("free", "taken", "chosen"))
+    (tmp_path / "taken" / "version_5").mkdir(parents=True)
+    assert chosen.version == 0
+    for logger in (free, taken, chosen):
+        logger.adopt_version(5)
+    assert (free.version, taken.version, chosen.version) == (5, 6, 0)

@@ -108,14 +108,19 @@ def test_metrics_and_callback_state_come_back_to_the_caller(fitted):
     assert float(trainer.callback_metrics["rank_local"]) == 0.0
     assert float(trainer.callback_metrics["samples"]) == 16.0
     assert trainer.callbacks[0].saves == 4  # at both epoch ends: the top-k checkpoint and last.ckpt
-    assert trainer.checkpoint_callback.best_model_path == str(root / "checkpoints" / "epoch=1-step=8.ckpt")
+    assert trainer.checkpoint_callback.best_model_path == str(
+        root / "checkpoints" / "version_0" / "epoch=1-step=8.ckpt"
+    )
     assert trainer.throughput.steps == 8
 
 
 def test_every_rank_saved_and_only_rank_zero_wrote_files(fitted):
     root, _, module, _ = fitted
-    assert sorted(path.name for path in (root / "checkpoints").iterdir()) == ["epoch=1-step=8.ckpt", "last.ckpt"]
-    saved = torch.load(root / "checkpoints" / "last.ckpt", weights_only=True)
+    assert sorted(path.name for path in (root / "checkpoints" / "version_0").iterdir()) == [
+        "epoch=1-step=8.ckpt",
+        "last.ckpt",
+    ]
+    saved = torch.load(root / "checkpoints" / "version_0" / "last.ckpt", weights_only=True)
     assert_bitwise_equal(saved["module"], parameters_of(module))
     assert [path.name for path in (root / "csv_logs").iterdir()] == ["version_0"]
     assert fitted[1].logger.version == 0

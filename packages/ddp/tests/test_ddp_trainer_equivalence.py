@@ -176,4 +176,5 @@ def test_demo_trains_on_two_processes_with_one_progress_display(strategy, tmp_pa
     output = completed.stdout + completed.stderr
     assert completed.returncode == 0, output
     assert output.count("done after 30 steps") == 1, output
+    assert output.count("stratagem demo: DDPStrategy(devices=2") == 1, output
     assert output.count("trained 30 steps") == 1, output

@@ -37,7 +37,8 @@ def run_script(root: Path, *arguments: str) -> Path:
 
 
 def only_checkpoint(root: Path) -> Path:
-    [checkpoint] = (root / "checkpoints").iterdir()
+    """The one checkpoint of the one run under ``root``."""
+    [checkpoint] = (root / "checkpoints" / "version_0").iterdir()
     return checkpoint
 
 

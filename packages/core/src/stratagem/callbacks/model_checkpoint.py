@@ -5,12 +5,15 @@ from __future__ import annotations
 import math
 import os
 import re
+import uuid
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from stratagem.callbacks.callback import Callback, RunStage
+from stratagem.checkpoint_io.atomic import remove_stale_temporaries
+from stratagem.loggers.logger import claim_next_version
 
 if TYPE_CHECKING:
     from stratagem.module import Module
@@ -18,6 +21,9 @@ if TYPE_CHECKING:
 
 CHECKPOINT_SUFFIX = ".ckpt"
 LAST_NAME = "last"
+CHECKPOINTS_DIRECTORY = "checkpoints"
+"""Under ``default_root_dir``: each fit saves into its own ``version_N`` inside."""
+_VERSION = re.compile(r"version_\d+")
 _PLACEHOLDER = re.compile(r"\{([^{}:]+)(?::([^{}]*))?\}")
 
 
@@ -28,6 +34,9 @@ class _SavePlan:
     path: str | None = None
     score: float | None = None
     remove: list[str] = field(default_factory=list)
+    """Checkpoints out of the top k that this callback wrote: deleted once the new one is written."""
+    forget: list[str] = field(default_factory=list)
+    """Checkpoints out of the top k that another run wrote (a resumed run's): no longer ranked, kept on disk."""
     last: str | None = None
 
 
@@ -43,9 +52,14 @@ class ModelCheckpoint(Callback):
 
     ``filename`` is a template such as ``"{epoch}-{val_loss:.3f}"``: ``{name}`` becomes
     ``name=value`` from ``epoch``, ``step`` and the logged metrics. Checkpoints go to
-    ``dirpath`` (default ``<default_root_dir>/checkpoints``), as files or, for strategies
-    that save shards, as directories. Saving happens on every rank; global zero decides
-    which paths so that all ranks agree.
+    ``dirpath``, as files or, for strategies that save shards, as directories. Without
+    ``dirpath`` each fit takes a directory of its own, ``<default_root_dir>/checkpoints/version_N``
+    (the next free ``N``, created in one step so that concurrent runs never share one; the
+    loggers' ``version_N`` takes the same number where it is free). Saving happens on every
+    rank; global zero decides which paths so that all ranks agree.
+
+    Only checkpoints this callback wrote are ever deleted: those of a run resumed from, or of
+    another run saving into the same ``dirpath``, leave the top k without being removed.
     """
 
     def __init__(
@@ -74,6 +88,7 @@ class ModelCheckpoint(Callback):
                 "give one of them."
             )
         self.dirpath: Path | None = Path(dirpath) if dirpath is not None else None
+        self._dirpath_given = dirpath is not None
         self.filename = filename or "{epoch}-{step}"
         self.monitor = monitor
         self.mode = mode
@@ -88,6 +103,10 @@ class ModelCheckpoint(Callback):
         self.best_model_score: float | None = None
         self.last_model_path = ""
         self._last_saved_step = -1
+        # Which files are ours to delete: travels with this object to spawned workers and back
+        # through state_dict, but a checkpoint's state restored into another instance brings none.
+        self._writer = uuid.uuid4().hex
+        self._written: set[str] = set()
 
     @property
     def state_key(self) -> str:
@@ -99,8 +118,33 @@ class ModelCheckpoint(Callback):
     # -- when to save ---------------------------------------------------------------------------
 
     def setup(self, trainer: Trainer, module: Module, stage: RunStage) -> None:
-        if self.dirpath is None:
-            self.dirpath = Path(trainer.default_root_dir) / "checkpoints"
+        if stage != "fit" or self.dirpath is not None:
+            return
+        root = default_checkpoint_root(trainer.default_root_dir)
+        shared = next((other.dirpath for other in trainer.checkpoint_callbacks if other._owns_default(root)), None)
+        if shared is not None:
+            self.dirpath = shared
+            return
+        version = None
+        if trainer.is_global_zero:
+            for directory in [root, *_version_directories(root)]:
+                remove_stale_temporaries(directory)
+            version = claim_next_version(root)
+            for logger in trainer.loggers:
+                logger.adopt_version(version)
+        self.dirpath = root / f"version_{trainer.strategy.broadcast(version)}"
+
+    def search_directory(self, default_root_dir: str | os.PathLike[str]) -> Path:
+        """Where ``ckpt_path="last"`` looks for this callback's checkpoints: ``dirpath`` when given, else
+        every run's directory under ``<default_root_dir>/checkpoints``."""
+        return (
+            self.dirpath
+            if self._dirpath_given and self.dirpath is not None
+            else default_checkpoint_root(default_root_dir)
+        )
+
+    def _owns_default(self, root: Path) -> bool:
+        return not self._dirpath_given and self.dirpath is not None and self.dirpath.parent == root
 
     def on_train_batch_end(self, trainer: Trainer, module: Module, outputs: Any, batch: Any, batch_idx: int) -> None:
         step = trainer.global_step
@@ -128,17 +172,21 @@ class ModelCheckpoint(Callback):
         if plan is None:
             return
         # Bookkeeping first, so that the checkpoint being written already knows it is in the
-        # top k (a run resumed from it then manages it like the others); files of checkpoints
-        # that drop out are deleted only once the new one is safely written.
+        # top k (a run resumed from it then ranks it like the others); files of checkpoints
+        # that drop out are deleted only once the new one is safely written, and only our own.
         self._last_saved_step = trainer.global_step
-        for path in plan.remove:
+        for path in [*plan.remove, *plan.forget]:
             self.best_k_models.pop(path, None)
+        if trainer.is_global_zero and self.dirpath is not None:
+            remove_stale_temporaries(self.dirpath)
         if plan.path is not None:
             self._record(plan.path, plan.score)
+            self._written.add(plan.path)
             trainer.save_checkpoint(plan.path)
         for path in plan.remove:
             if path != plan.path:
                 trainer.strategy.remove_checkpoint(path)
+                self._written.discard(path)
         if plan.last is not None:
             self._save_last(trainer, plan.last, linked_to=plan.path)
 
@@ -158,7 +206,7 @@ class ModelCheckpoint(Callback):
                     worst = self._worst(kept)
                     if self._better(score, kept[worst]):
                         plan.path, plan.score = path, score
-                        plan.remove = [worst]
+                        (plan.remove if worst in self._written else plan.forget).append(worst)
         if plan.path is None and plan.last is None:
             return None
         return plan
@@ -234,6 +282,8 @@ class ModelCheckpoint(Callback):
             "best_model_score": self.best_model_score,
             "last_model_path": self.last_model_path,
             "last_saved_step": self._last_saved_step,
+            "writer": self._writer,
+            "written": sorted(self._written),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -247,18 +297,43 @@ class ModelCheckpoint(Callback):
         self.best_model_score = state["best_model_score"]
         self.last_model_path = state["last_model_path"]
         self._last_saved_step = int(state["last_saved_step"])
+        if state.get("writer") == self._writer:
+            self._written = {str(path) for path in state.get("written", [])}
+
+
+def default_checkpoint_root(default_root_dir: str | os.PathLike[str]) -> Path:
+    """The directory holding every fit's ``version_N`` checkpoint directory."""
+    return Path(default_root_dir) / CHECKPOINTS_DIRECTORY
 
 
 def find_last_checkpoint(dirpath: Path) -> Path | None:
-    """``last.ckpt`` in ``dirpath``, else its most recently written checkpoint; ``None`` if there is none."""
-    last = dirpath / f"{LAST_NAME}{CHECKPOINT_SUFFIX}"
-    if last.exists():
-        return last
-    if not dirpath.is_dir():
-        return None
-    candidates = [
-        entry
-        for entry in dirpath.iterdir()
-        if entry.name.endswith(CHECKPOINT_SUFFIX) and not entry.name.startswith(".") and entry.exists()
-    ]
-    return max(candidates, key=lambda entry: entry.stat().st_mtime_ns, default=None)
+    """The newest complete checkpoint in ``dirpath`` or in its ``version_N`` directories; ``None`` if there is none.
+
+    Newest by modification time: a checkpoint appears under its name only once it is whole, so a
+    ``last.ckpt`` left from an earlier save point loses to a checkpoint written after it. Names a
+    write in progress uses (hidden) and links to nothing are skipped.
+    """
+    candidates = [entry for directory in [dirpath, *_version_directories(dirpath)] for entry in _checkpoints(directory)]
+    return max(candidates, key=lambda entry: entry[1], default=(None, 0))[0]
+
+
+def _checkpoints(directory: Path) -> list[tuple[Path, int]]:
+    try:
+        entries = list(directory.iterdir())
+    except OSError:
+        return []
+    found = []
+    for entry in entries:
+        if entry.name.endswith(CHECKPOINT_SUFFIX) and not entry.name.startswith("."):
+            try:
+                found.append((entry, entry.stat().st_mtime_ns))
+            except OSError:
+                continue
+    return found
+
+
+def _version_directories(root: Path) -> list[Path]:
+    try:
+        return [entry for entry in root.iterdir() if _VERSION.fullmatch(entry.name) and entry.is_dir()]
+    except OSError:
+        return []

@@ -1,6 +1,11 @@
 """Checkpoint IO: writing and reading checkpoint state."""
 
-from stratagem.checkpoint_io.atomic import move_into_place, temporary_sibling, temporary_siblings
+from stratagem.checkpoint_io.atomic import (
+    move_into_place,
+    remove_stale_temporaries,
+    temporary_sibling,
+    temporary_siblings,
+)
 from stratagem.checkpoint_io.checkpoint_io import CheckpointIO, PathLike
 from stratagem.checkpoint_io.errors import CheckpointError
 from stratagem.checkpoint_io.readers import check_checkpoint, read_full_checkpoint
@@ -17,6 +22,7 @@ __all__ = [
     "load_torch_file",
     "move_into_place",
     "read_full_checkpoint",
+    "remove_stale_temporaries",
     "temporary_sibling",
     "temporary_siblings",
 ]

@@ -19,8 +19,9 @@ class AsyncCheckpointIO(CheckpointIO):
 
     ``save_checkpoint`` copies every tensor first (training goes on changing the live ones), then
     returns; the write happens in the thread. Writes and removals run in the order they were
-    asked for. An error in the thread is raised by the next call and by :meth:`teardown`, which
-    also waits for pending writes; loading waits for them too.
+    asked for, and once a write has failed no removal runs: the checkpoint it would have replaced
+    (the previous of a top k, say) stays. An error in the thread is raised by the next call and by
+    :meth:`teardown`, which also waits for pending writes; loading waits for them too.
     """
 
     def __init__(self, checkpoint_io: CheckpointIO | None = None) -> None:
@@ -34,17 +35,18 @@ class AsyncCheckpointIO(CheckpointIO):
         self.checkpoint_io = checkpoint_io or TorchCheckpointIO()
         self._executor: ThreadPoolExecutor | None = None
         self._pending: list[Future[None]] = []
+        self._write_failed = False
 
     def __getstate__(self) -> dict[str, Any]:
         # Threads do not cross process boundaries; a spawned worker starts its own.
         state = self.__dict__.copy()
-        state.update(_executor=None, _pending=[])
+        state.update(_executor=None, _pending=[], _write_failed=False)
         return state
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: PathLike) -> None:
         self._raise_failures()
         snapshot = tree_map(_copy_tensor, checkpoint)
-        self._submit(self.checkpoint_io.save_checkpoint, snapshot, path)
+        self._submit(self._write, snapshot, path)
 
     def load_checkpoint(
         self,
@@ -57,7 +59,7 @@ class AsyncCheckpointIO(CheckpointIO):
 
     def remove_checkpoint(self, path: PathLike) -> None:
         self._raise_failures()
-        self._submit(self.checkpoint_io.remove_checkpoint, path)
+        self._submit(self._remove, path)
 
     @classmethod
     def can_read(cls, path: PathLike) -> bool:
@@ -77,7 +79,22 @@ class AsyncCheckpointIO(CheckpointIO):
             if self._executor is not None:
                 self._executor.shutdown(wait=True)
                 self._executor = None
+            self._write_failed = False
             self.checkpoint_io.teardown()
+
+    def _write(self, checkpoint: dict[str, Any], path: PathLike) -> None:
+        try:
+            self.checkpoint_io.save_checkpoint(checkpoint, path)
+        except BaseException:
+            # Set in the one writer thread before the removals queued behind this write run.
+            self._write_failed = True
+            raise
+
+    def _remove(self, path: PathLike) -> None:
+        # A removal was asked for on the assumption that the writes before it succeeded; the
+        # write's own error is what wait() raises.
+        if not self._write_failed:
+            self.checkpoint_io.remove_checkpoint(path)
 
     def _submit(self, function: Any, *args: Any) -> None:
         if self._executor is None:

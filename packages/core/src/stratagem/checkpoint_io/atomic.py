@@ -2,25 +2,36 @@
 
 Every writer, whatever its layout (one file, a directory of shards), writes under
 :func:`temporary_sibling` and then calls :func:`move_into_place`; nobody deletes the old
-checkpoint first.
+checkpoint first. What a writer that crashed left under a temporary name is removed by
+:func:`remove_stale_temporaries` at a later save.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import functools
+import hashlib
 import os
+import re
 import shutil
+import socket
 import sys
+import time
 import uuid
 from pathlib import Path
 from typing import Any
 
 
 def temporary_sibling(target: Path) -> Path:
-    """A fresh name beside ``target``: same filesystem (so renames are atomic), hidden from checkpoint finders."""
-    return target.parent / f"{_TEMPORARY_PREFIX.format(name=target.name)}{uuid.uuid4().hex[:12]}"
+    """A fresh name beside ``target``: same filesystem (so renames are atomic), hidden from checkpoint finders.
+
+    The name records which process writes it (a hash of the host name and the pid), so that
+    :func:`remove_stale_temporaries` can tell what a crashed writer left from a write in progress.
+    """
+    writer = f"{_host_tag()}-{os.getpid()}"
+    return target.parent / f"{_TEMPORARY_PREFIX.format(name=target.name)}{writer}-{uuid.uuid4().hex[:8]}"
 
 
 def temporary_siblings(target: Path) -> list[Path]:
@@ -32,7 +43,83 @@ def temporary_siblings(target: Path) -> list[Path]:
         return []
 
 
+DEAD_WRITER_GRACE_SECONDS = 60.0
+"""How long a temporary whose writer is a dead process of this host stays untouched before it is removed."""
+
+UNKNOWN_WRITER_SECONDS = 24 * 3600.0
+"""How long any other temporary (its writer on another host, say) stays untouched before it is removed."""
+
+
+def remove_stale_temporaries(directory: Path) -> list[Path]:
+    """Remove what crashed writers left in ``directory`` under :func:`temporary_sibling` names; return them.
+
+    Only names of that form are considered, and only certainly stale ones removed: written by a
+    process of this host that no longer exists and untouched for :data:`DEAD_WRITER_GRACE_SECONDS`,
+    or untouched for :data:`UNKNOWN_WRITER_SECONDS` whoever wrote it (the writer may be on another
+    host of a shared filesystem, or its pid reused). A write in progress in another live run is left alone.
+    """
+    try:
+        entries = list(directory.iterdir())
+    except OSError:
+        return []
+    now = time.time()
+    removed = []
+    for entry in entries:
+        match = _TEMPORARY_NAME.fullmatch(entry.name)
+        if match is None:
+            continue
+        try:
+            untouched = now - _newest_change(entry)
+        except FileNotFoundError:
+            continue
+        pid = match.group("pid")
+        writer_dead = match.group("host") == _host_tag() and pid is not None and not _process_exists(int(pid))
+        if untouched >= (DEAD_WRITER_GRACE_SECONDS if writer_dead else UNKNOWN_WRITER_SECONDS):
+            _remove_quietly(entry)
+            removed.append(entry)
+    return removed
+
+
 _TEMPORARY_PREFIX = ".{name}.tmp-"
+# New names carry host and pid; the older form (12 hex digits) has neither and only ages out.
+_TEMPORARY_NAME = re.compile(r"\..+\.tmp-(?:(?P<host>[0-9a-f]{8})-(?P<pid>\d+)-[0-9a-f]{8}|[0-9a-f]{12})")
+
+
+@functools.cache
+def _host_tag() -> str:
+    return hashlib.sha256(socket.gethostname().encode()).hexdigest()[:8]
+
+
+def _process_exists(pid: int) -> bool:
+    if os.name != "posix":
+        return True  # no harmless way to ask; the age rule still applies
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # exists, owned by someone else
+    return True
+
+
+def _newest_change(path: Path) -> float:
+    """The latest modification time in ``path`` (a file, a link, or a directory tree)."""
+    newest = path.lstat().st_mtime
+    if path.is_dir() and not path.is_symlink():
+        for directory, subdirectories, files in os.walk(path):
+            for name in [*subdirectories, *files]:
+                with contextlib.suppress(FileNotFoundError):
+                    newest = max(newest, os.lstat(os.path.join(directory, name)).st_mtime)
+    return newest
+
+
+def _remove_quietly(path: Path) -> None:
+    # Another run may be cleaning the same directory at the same moment.
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
 
 
 def move_into_place(finished: Path, target: Path) -> None:

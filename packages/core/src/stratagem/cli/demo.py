@@ -6,7 +6,10 @@ import argparse
 import sys
 from typing import TYPE_CHECKING
 
+from stratagem.callbacks.callback import Callback
+
 if TYPE_CHECKING:
+    from stratagem.module import Module
     from stratagem.trainer import Trainer
 
 
@@ -31,7 +34,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--logger", choices=("csv", "tensorboard", "none"), default="csv", help="where metrics go (default: csv)"
     )
-    parser.add_argument("--ckpt-path", default=None, help="resume from a checkpoint path, or 'last'")
+    parser.add_argument(
+        "--ckpt-path",
+        default=None,
+        help="resume from a checkpoint path, or 'last' (the newest checkpoint of any run under --root-dir)",
+    )
     parser.add_argument("--checkpoint-io", default=None, help="a registered checkpoint IO, e.g. async")
 
 
@@ -52,6 +59,7 @@ def run(args: argparse.Namespace) -> int:
             default_root_dir=args.root_dir,
             logger=False if args.logger == "none" else args.logger,
             seed=args.seed,
+            callbacks=[_SaySetup()],
         )
     except (ValueError, TypeError) as error:
         print(f"stratagem demo: {error}", file=sys.stderr)
@@ -70,6 +78,27 @@ def _check_checkpoint_io(name: str | None) -> None:
 
     if name is not None and name not in registry.checkpoint_io:
         raise ValueError(f"--checkpoint-io {name!r} is not valid: {registry.checkpoint_io.unknown_name_error(name)}")
+
+
+class _SaySetup(Callback):
+    """Prints once, when training starts, what the options resolved to and where checkpoints go."""
+
+    def on_fit_start(self, trainer: Trainer, module: Module) -> None:
+        if trainer.is_global_zero:
+            print(setup_line(trainer), flush=True)
+
+
+def setup_line(trainer: Trainer) -> str:
+    """One line: the strategy with its devices, the precision, the number of processes, the checkpoint directory."""
+    processes = trainer.world_size
+    line = (
+        f"stratagem demo: {trainer.strategy!r}, precision {trainer.strategy.precision.name}, "
+        f"{processes} process{'es' if processes != 1 else ''}"
+    )
+    checkpoint = trainer.checkpoint_callback
+    if checkpoint is not None and checkpoint.dirpath is not None:
+        line += f"; checkpoints go to {checkpoint.dirpath}"
+    return line
 
 
 def summary(trainer: Trainer) -> str:

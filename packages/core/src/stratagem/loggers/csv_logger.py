@@ -36,6 +36,9 @@ class CSVLogger(Logger):
     def version(self, version: int | str) -> None:
         self._directory.version = version
 
+    def adopt_version(self, version: int) -> None:
+        self._directory.adopt(version)
+
     @property
     def log_dir(self) -> str:
         return str(self._directory.path)

@@ -34,6 +34,13 @@ class Logger(ABC):
         """The directory this logger writes into, or ``None`` when it writes no files."""
         return None
 
+    def adopt_version(self, version: int) -> None:
+        """Offered on global zero when a fit gets its checkpoint directory ``checkpoints/version_<version>``.
+
+        A logger that numbers its directories takes the number, so that one run's logs and checkpoints
+        share it, unless it was given a version, has chosen one, or that directory exists already.
+        """
+
 
 class VersionedDirectory:
     """``save_dir/name/version_N``: ``N`` is the next free number, chosen on first use."""
@@ -53,6 +60,16 @@ class VersionedDirectory:
     def version(self, version: int | str) -> None:
         self._version = version
 
+    def adopt(self, version: int) -> None:
+        """Take ``version`` if none is chosen yet and its directory can be created now (not there before)."""
+        if self._version is not None:
+            return
+        try:
+            (self.save_dir / self.name / f"version_{version}").mkdir(parents=True)
+        except FileExistsError:
+            return
+        self._version = version
+
     @property
     def path(self) -> Path:
         version = self.version
@@ -65,3 +82,20 @@ def next_version(root: Path) -> int:
         return 0
     numbers = [int(match.group(1)) for entry in root.iterdir() if (match := re.fullmatch(r"version_(\d+)", entry.name))]
     return max(numbers, default=-1) + 1
+
+
+def claim_next_version(root: Path) -> int:
+    """Create the next free ``root/version_N`` and return ``N``; two processes never get the same ``N``.
+
+    ``mkdir`` either creates the directory or fails because it exists, in one step, so a run that
+    loses the race for a number takes the next.
+    """
+    root.mkdir(parents=True, exist_ok=True)
+    version = next_version(root)
+    while True:
+        try:
+            (root / f"version_{version}").mkdir()
+        except FileExistsError:
+            version += 1
+            continue
+        return version

@@ -42,6 +42,9 @@ class TensorBoardLogger(Logger):
     def version(self, version: int | str) -> None:
         self._directory.version = version
 
+    def adopt_version(self, version: int) -> None:
+        self._directory.adopt(version)
+
     @property
     def log_dir(self) -> str:
         return str(self._directory.path)

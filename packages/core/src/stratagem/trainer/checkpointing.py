@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import functools
+import sys
 import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from stratagem.callbacks.model_checkpoint import ModelCheckpoint, find_last_checkpoint
+from stratagem.callbacks.model_checkpoint import ModelCheckpoint, default_checkpoint_root, find_last_checkpoint
 from stratagem.checkpoint_io import CheckpointError
 from stratagem.trainer.rng import capture_rng_state
 
@@ -39,9 +40,39 @@ def build_checkpoint(trainer: Trainer, module: Module) -> dict[str, Any]:
         "rng": capture_rng_state(),
         "callbacks": {callback.state_key: callback.state_dict() for callback in trainer.callbacks},
         "precision": trainer.strategy.precision.state_dict(),
+        "saved_by": saved_by(trainer),
         "format_version": FORMAT_VERSION,
         "stratagem_version": stratagem_version(),
     }
+
+
+def saved_by(trainer: Trainer) -> dict[str, Any]:
+    """How the run that saves is set up: shown when another setup resumes from its checkpoint."""
+    return {
+        "strategy": type(trainer.strategy).__name__,
+        "precision": trainer.strategy.precision.name,
+        "world_size": trainer.world_size,
+    }
+
+
+def announce_loaded(trainer: Trainer, path: str, checkpoint: dict[str, Any], what: str) -> None:
+    """One line on global zero: which checkpoint was loaded, and how its run differed from this one."""
+    if not trainer.is_global_zero:
+        return
+    line = f"stratagem: {what} {path}"
+    # Only plain values of the expected kind are shown: the file may come from anywhere.
+    loops = checkpoint.get("loops")
+    fit = loops.get("fit") if isinstance(loops, dict) else None
+    if isinstance(fit, dict) and isinstance(fit.get("epoch"), int) and isinstance(fit.get("global_step"), int):
+        line += f" (epoch {fit['epoch']}, step {fit['global_step']})"
+    then, now = checkpoint.get("saved_by"), saved_by(trainer)
+    if isinstance(then, dict):
+        changed = [key for key, value in now.items() if isinstance(then.get(key), str | int) and then[key] != value]
+        if changed:
+            before = ", ".join(f"{key} {str(then[key])[:100]}" for key in changed)
+            after = ", ".join(f"{key} {now[key]}" for key in changed)
+            line += f"; it was saved with {before}, this run uses {after}"
+    print(line, file=sys.stderr, flush=True)
 
 
 def restore_fit(trainer: Trainer, module: Module, path: str, weights_only: bool) -> dict[str, Any]:
@@ -75,6 +106,7 @@ def restore_fit(trainer: Trainer, module: Module, path: str, weights_only: bool)
     module.on_load_checkpoint(remaining)
     for callback in trainer.callbacks:
         callback.on_load_checkpoint(trainer, module, remaining)
+    announce_loaded(trainer, path, remaining, "resuming from")
     return remaining
 
 
@@ -83,13 +115,15 @@ def restore_weights(trainer: Trainer, module: Module, path: str, weights_only: b
     remaining = trainer.strategy.load_checkpoint(path, {"module": module}, weights_only=weights_only)
     _check_entries(remaining, path)
     module.on_load_checkpoint(remaining)
+    announce_loaded(trainer, path, remaining, "loaded the weights of")
 
 
 def resolve_ckpt_path(trainer: Trainer, ckpt_path: Any, stage: str) -> str | None:
     """The checkpoint that ``ckpt_path`` (a path, ``"last"`` or ``"best"``) names, checked in the caller.
 
-    ``"last"`` with nothing saved yet starts a fit from scratch (with a warning), so that one
-    command both starts and resumes a run.
+    ``"last"`` is the newest complete checkpoint where the Trainer's ModelCheckpoints save (with the
+    default directory: of every run under ``<default_root_dir>/checkpoints``). With nothing saved yet
+    a fit starts from scratch (with a warning), so that one command both starts and resumes a run.
     """
     if ckpt_path is None:
         return None
@@ -106,36 +140,23 @@ def resolve_ckpt_path(trainer: Trainer, ckpt_path: Any, stage: str) -> str | Non
             )
         return best
     if ckpt_path == "last":
-        last = _find_last(trainer, checkpoint_callbacks)
-        if last is None:
+        directories = list(
+            dict.fromkeys(callback.search_directory(trainer.default_root_dir) for callback in checkpoint_callbacks)
+        ) or [default_checkpoint_root(trainer.default_root_dir)]
+        found = [last for directory in directories if (last := find_last_checkpoint(directory)) is not None]
+        if not found:
+            where = " or ".join(repr(str(directory)) for directory in directories)
             if stage != "fit":
-                raise ValueError(f"ckpt_path='last' found no checkpoint under {str(_default_dir(trainer))!r}.")
-            warnings.warn(
-                f"ckpt_path='last' found no checkpoint under {str(_default_dir(trainer))!r}; training from scratch.",
-                stacklevel=3,
-            )
+                raise ValueError(f"ckpt_path='last' found no checkpoint under {where}.")
+            warnings.warn(f"ckpt_path='last' found no checkpoint under {where}; training from scratch.", stacklevel=3)
             return None
-        return str(last)
+        return str(max(found, key=lambda entry: entry.stat().st_mtime_ns))
     path = Path(ckpt_path)
     if not path.exists():
         raise FileNotFoundError(
             f"ckpt_path={str(ckpt_path)!r} does not exist; expected a checkpoint path, 'last' or 'best'."
         )
     return str(path)
-
-
-def _find_last(trainer: Trainer, callbacks: list[ModelCheckpoint]) -> Path | None:
-    for callback in callbacks:
-        if callback.last_model_path and Path(callback.last_model_path).exists():
-            return Path(callback.last_model_path)
-    directories = [callback.dirpath for callback in callbacks if callback.dirpath is not None]
-    directories = directories or [_default_dir(trainer)]
-    found = [last for directory in directories if (last := find_last_checkpoint(directory)) is not None]
-    return max(found, key=lambda entry: entry.stat().st_mtime_ns, default=None)
-
-
-def _default_dir(trainer: Trainer) -> Path:
-    return Path(trainer.default_root_dir) / "checkpoints"
 
 
 _ENTRY_TYPES: dict[str, type] = {"lr_schedulers": list, "loops": dict, "callbacks": dict, "precision": dict}
