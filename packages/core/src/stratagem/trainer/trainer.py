@@ -27,7 +27,7 @@ from stratagem.trainer.data import as_loader_list, check_splittable, with_distri
 from stratagem.trainer.evaluation_loop import EvaluationKind, run_evaluation
 from stratagem.trainer.fit_loop import FitLoop
 from stratagem.trainer.metrics import LoggedMetrics
-from stratagem.trainer.optimizers import SchedulerConfig, parse_optimizers
+from stratagem.trainer.optimizers import SchedulerConfig, configured_optimizers
 from stratagem.trainer.predict_loop import run_prediction
 from stratagem.trainer.progress import FitProgress, Throughput
 from stratagem.trainer.rng import seed_everything
@@ -384,7 +384,7 @@ class Trainer:
                 if len(train) != 1:
                     raise ValueError(f"Trainer.fit() takes one training dataloader; got {len(train)}.")
                 self._connect_train_batch_size(train)
-                setup = parse_optimizers(module.configure_optimizers())
+                setup = configured_optimizers(module, strategy.supplies_optimizer)
                 self.optimizers = strategy.setup_optimizers(setup.optimizers)
                 strategy.check_lr_schedulers([config.scheduler for config in setup.schedulers])
                 self.lr_scheduler_configs = setup.schedulers
