@@ -193,6 +193,10 @@ class Strategy(ABC):
             stack.enter_context(self.precision.module_init_context())
             yield
 
+    def model_sharded_context(self) -> contextlib.AbstractContextManager[None]:
+        """Lightning's name for :meth:`module_init_context` with the strategy's choice of initialisation."""
+        return self.module_init_context()
+
     def setup_module(self, module: nn.Module) -> nn.Module:
         """Move, cast and wrap the user's module; return the object to run forward on."""
         module = self.precision.convert_module(module).to(self.root_device)
