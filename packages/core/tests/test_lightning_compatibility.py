@@ -210,3 +210,26 @@ def test_model_sharded_context_is_module_init_context(single):
     with single.model_sharded_context():
         layer = nn.Linear(2, 2)
     assert layer.weight.device == single.root_device
+
+
+SPAWN_FROM_STDIN = """
+import torch
+from stratagem import Trainer
+from stratagem.demo import DemoModule, demo_dataloaders
+
+train, _ = demo_dataloaders(batch_size=8, num_samples=16)
+Trainer(strategy="ddp_spawn", accelerator="cpu", devices=2, max_steps=1, logger=False).fit(DemoModule(hidden=4), train)
+"""
+
+
+@pytest.mark.timeout(120)
+def test_ddp_spawn_from_a_session_without_a_main_file_says_to_use_ddp_fork_before_starting_anything():
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-"], input=SPAWN_FROM_STDIN, capture_output=True, text=True, timeout=100)
+    assert done.returncode != 0
+    assert "RuntimeError: start_method='spawn' starts each rank by re-importing your main module" in done.stderr
+    assert "'ddp_notebook' or 'ddp_fork'" in done.stderr
+    assert "FileNotFoundError" not in done.stderr
+    assert "stratagem: rank" not in done.stderr, "refused before any rank started"
