@@ -45,7 +45,8 @@ class TestThePagesExamples:
         # WarmupLR raises the rate from warmup_min_lr=0 towards warmup_max_lr on each engine step.
         rates = page["learning_rates"]
         assert rates[0] == 0.0
-        assert rates == sorted(rates) and 0 < rates[1] < rates[-1] < 3e-5
+        assert rates == sorted(rates)
+        assert 0 < rates[1] < rates[-1] < 3e-5
 
     def test_a_json_config_path_supplies_the_optimizer_when_configure_optimizers_returns_none(self, results):
         assert results["json_path"]["optimizer"] == "SGD"

@@ -37,7 +37,8 @@ def test_lightnings_offload_and_nvme_options_are_written_where_lightning_writes_
     config = resolve(strategy).config
     zero = config["zero_optimization"]
     assert zero["sub_group_size"] == 1_000_000
-    assert zero["allgather_partitions"] is False and zero["reduce_scatter"] is False
+    assert zero["allgather_partitions"] is False
+    assert zero["reduce_scatter"] is False
     assert zero["offload_optimizer"] == {
         "device": "cpu",
         "nvme_path": "/local_nvme",
@@ -55,7 +56,8 @@ def test_lightnings_offload_and_nvme_options_are_written_where_lightning_writes_
 
 def test_pin_memory_without_an_offload_writes_no_offload_section():
     zero = resolve(DeepSpeedStrategy(stage=2, pin_memory=True)).config["zero_optimization"]
-    assert "offload_optimizer" not in zero and "offload_param" not in zero
+    assert "offload_optimizer" not in zero
+    assert "offload_param" not in zero
 
 
 def test_activation_checkpointing_options_go_into_the_activation_checkpointing_section():

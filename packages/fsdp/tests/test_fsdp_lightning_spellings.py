@@ -27,7 +27,8 @@ def test_a_single_class_as_a_policy_means_the_set_of_that_class(option):
     net = Net(width=16, depth=2)
     single = ModuleSelector.from_option(option, Block)
     assert single == ModuleSelector.from_option(option, {Block})
-    assert single is not None and selected_units(net, single) == list(net.blocks)
+    assert single is not None
+    assert selected_units(net, single) == list(net.blocks)
 
 
 @pytest.mark.parametrize("container", [nn.Sequential, nn.ModuleList, nn.ModuleDict])
@@ -53,8 +54,13 @@ def test_torchs_state_dict_type_members_mean_stratagems_names(member, name):
     assert FSDPStrategy(state_dict_type=member).state_dict_type == name
 
 
+def test_precision_plugin_is_refused_naming_precision():
+    with pytest.raises(TypeError, match=r"precision_plugin=\.\.\.\) is Lightning's name; stratagem's is precision="):
+        FSDPStrategy(precision_plugin=object())
+
+
 def test_the_local_state_dict_type_is_refused_naming_sharded():
-    with pytest.raises(ValueError, match="LOCAL_STATE_DICT.*Use 'sharded'"):
+    with pytest.raises(ValueError, match=r"LOCAL_STATE_DICT.*Use 'sharded'"):
         FSDPStrategy(state_dict_type=StateDictType.LOCAL_STATE_DICT)
 
 

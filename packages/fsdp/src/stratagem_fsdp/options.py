@@ -20,6 +20,11 @@ ModulePolicy = set[type[nn.Module]] | type[nn.Module] | Callable[..., bool]
 SHARDING_STRATEGIES: tuple[ShardingStrategyName, ...] = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD")
 STATE_DICT_TYPES: tuple[StateDictType, ...] = ("sharded", "full")
 
+# Lightning's FSDPStrategy options whose stratagem spelling differs.
+_LIGHTNING_NAMES = {
+    "precision_plugin": "precision= (on FSDPStrategy, or precision= on the Trainer)",
+}
+
 # fully_shard arguments the strategy sets from its own options; passing them through would bypass those.
 _OWNED_ARGUMENTS = {
     "module": "the module (given by the Trainer)",
@@ -178,6 +183,8 @@ def check_fully_shard_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
     """``kwargs`` if ``fully_shard`` accepts them all and the strategy does not set them itself."""
     accepted = [name for name in inspect.signature(fully_shard).parameters if name not in _OWNED_ARGUMENTS]
     for name in kwargs:
+        if name in _LIGHTNING_NAMES:
+            raise TypeError(f"FSDPStrategy({name}=...) is Lightning's name; stratagem's is {_LIGHTNING_NAMES[name]}.")
         if name in _OWNED_ARGUMENTS:
             raise TypeError(
                 f"FSDPStrategy sets fully_shard's {name!r} from {_OWNED_ARGUMENTS[name]}; use that option instead."
