@@ -106,9 +106,10 @@ SGD_CONFIG = {
 
 
 def trainer(strategy: Any, root: Path, **options: Any) -> Trainer:
+    options = {"enable_checkpointing": False, **options}
     return Trainer(
         accelerator="cpu", devices=2, strategy=strategy, max_steps=STEPS, default_root_dir=root, logger=False,
-        enable_progress_bar=False, enable_checkpointing=False, **options,
+        enable_progress_bar=False, **options,
     )  # fmt: skip
 
 
@@ -147,10 +148,15 @@ def main() -> None:
     trainer(DeepSpeedStrategy(stage=3, partition_activations=True), root).fit(checkpointed)
     results["partition_activations"] = checkpointed.seen
 
-    sequence = trainer("deepspeed_stage_3", root, num_sanity_val_steps=0)
+    sequence = trainer("deepspeed_stage_3", root / "sequence", num_sanity_val_steps=0, enable_checkpointing=True)
     train, val = demo_dataloaders(batch_size=8, num_samples=64)
     module = DemoModule(hidden=8)
     sequence.fit(module, train)
+    assert sequence.checkpoint_callback is not None
+    loaded = DemoModule.load_from_checkpoint(sequence.checkpoint_callback.best_model_path, hidden=8)
+    results["load_from_checkpoint"] = all(
+        torch.equal(value, module.state_dict()[name]) for name, value in loaded.state_dict().items()
+    )
     results["sequence"] = {
         "test": sequence.test(module, val),
         "validate": sequence.validate(module, val),

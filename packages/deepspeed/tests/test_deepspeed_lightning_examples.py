@@ -68,6 +68,9 @@ class TestThePagesExamples:
         # The caller's module holds whole tensors again, not stage 3's empty partitions.
         assert sequence["shapes"]["net.0.weight"] == [8, 32]
 
+    def test_the_stage_3_checkpoint_directory_loads_with_load_from_checkpoint(self, results):
+        assert results["load_from_checkpoint"] is True
+
 
 PAGE_ONE_BIT_CONFIG = {
     "zero_allow_untested_optimizer": True,

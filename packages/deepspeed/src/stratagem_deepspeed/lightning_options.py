@@ -58,6 +58,7 @@ class LightningOptions:
     fp16: dict[str, Any] = field(default_factory=dict)
     zero_optimization: bool = True
     logging_batch_size_per_gpu: int | None = None
+    warned_about_loss_scaling: bool = False
 
     def apply(self, config: dict[str, Any]) -> dict[str, Any]:
         """``config`` (built from the strategy's own options) with these options written in; a copy."""
@@ -78,6 +79,10 @@ class LightningOptions:
         if isinstance(section, dict) and section.get("enabled"):
             section.update(self.fp16)
             return config
+        if self.warned_about_loss_scaling:
+            return config
+        # The config is reconciled again whenever the Trainer's settings change: one warning is enough.
+        self.warned_about_loss_scaling = True
         warnings.warn(
             f"DeepSpeedStrategy({', '.join(f'{key}={value!r}' for key, value in self.fp16.items())}) set fp16 loss "
             f"scaling, which precision={precision_name!r} does not use (only '16-mixed' scales the loss); they have "
