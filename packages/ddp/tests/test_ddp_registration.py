@@ -27,9 +27,12 @@ def test_registered_names_are_exactly_the_first_party_catalogue():
 
 
 @pytest.mark.parametrize("name", sorted(DDP_NAMES))
-@pytest.mark.parametrize("find_unused", [False, True])
-def test_each_ddp_name_resolves_to_its_start_method_and_launcher(name, find_unused):
-    full_name = name + ("_find_unused_parameters_true" if find_unused else "")
+@pytest.mark.parametrize(
+    ("suffix", "find_unused"),
+    [("", False), ("_find_unused_parameters_true", True), ("_find_unused_parameters_false", False)],
+)
+def test_each_ddp_name_resolves_to_its_start_method_and_launcher(name, suffix, find_unused):
+    full_name = name + suffix
     strategy = stratagem.resolve(strategy=full_name, accelerator="cpu", devices=2)
     start_method, launcher_type = DDP_NAMES[name]
     assert isinstance(strategy, DDPStrategy)

@@ -10,7 +10,7 @@ import pytest
 import stratagem
 from stratagem.strategies import LoopSettings
 from stratagem_deepspeed import DeepSpeedStrategy
-from stratagem_deepspeed.config import CONFIG_PATH_VARIABLE
+from stratagem_deepspeed.config import CONFIG_PATH_VARIABLE, LIGHTNING_CONFIG_PATH_VARIABLE
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -18,6 +18,7 @@ pytestmark = pytest.mark.timeout(60)
 @pytest.fixture(autouse=True)
 def _no_config_from_the_environment(monkeypatch):
     monkeypatch.delenv(CONFIG_PATH_VARIABLE, raising=False)
+    monkeypatch.delenv(LIGHTNING_CONFIG_PATH_VARIABLE, raising=False)
     monkeypatch.setenv("DS_ACCELERATOR", "cpu")
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from typing import Any
 
 import pytest
 import torch
@@ -278,7 +279,7 @@ def test_a_second_optimizer_is_refused_naming_the_limit(workers):
 
 
 def _optimizer_problem(config_optimizer: bool, client_optimizer: bool) -> str:
-    config = {"zero_optimization": {"stage": 1}}
+    config: dict[str, Any] = {"zero_optimization": {"stage": 1}, "zero_allow_untested_optimizer": True}
     if config_optimizer:
         config["optimizer"] = {"type": "SGD", "params": {"lr": 0.1}}
     strategy = create_strategy({"config": config})

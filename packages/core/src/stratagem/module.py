@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
+import inspect
 import warnings
-from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 from torch import nn
 
+from stratagem.module_loading import HyperParameters, init_arguments, load_module
+
 if TYPE_CHECKING:
     from stratagem.trainer.metrics import ReduceFx
     from stratagem.trainer.trainer import Trainer
+
+ModuleT = TypeVar("ModuleT", bound="Module")
 
 
 class Module(nn.Module):
@@ -24,6 +30,7 @@ class Module(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self._trainer: Trainer | None = None
+        self._hparams = HyperParameters()
 
     # -- the run this module is part of -----------------------------------------------------
 
@@ -58,6 +65,44 @@ class Module(nn.Module):
         state = self.__dict__.copy()
         state["_trainer"] = None
         return state
+
+    # -- hyperparameters and checkpoints -----------------------------------------------------
+
+    @property
+    def hparams(self) -> HyperParameters:
+        """What :meth:`save_hyperparameters` saved (a dict that also reads as attributes: ``self.hparams.lr``)."""
+        return self._hparams
+
+    def save_hyperparameters(self, *names: str, ignore: str | Iterable[str] | None = None) -> None:
+        """Record the arguments ``__init__`` received (call it there) in :attr:`hparams`; checkpoints
+        the Trainer writes store them, so that :meth:`load_from_checkpoint` can rebuild the module.
+
+        ``names`` keeps only those arguments; ``ignore`` leaves some out (e.g. a module passed in,
+        which a weights-only load could not read back).
+        """
+        frame = inspect.currentframe()
+        caller = frame.f_back if frame is not None else None
+        if caller is None:
+            raise RuntimeError("save_hyperparameters() could not see the __init__ that called it.")
+        self._hparams.update(init_arguments(caller, names, ignore))
+
+    @classmethod
+    def load_from_checkpoint(
+        cls: type[ModuleT],
+        checkpoint_path: str | Path,
+        map_location: Any = None,
+        strict: bool = True,
+        weights_only: bool = True,
+        **kwargs: Any,
+    ) -> ModuleT:
+        """A new module built with the checkpoint's saved hyperparameters (``kwargs`` override them),
+        its layers created (:meth:`configure_model`) and its weights loaded, in eval mode.
+
+        Reads a checkpoint of any strategy (a file, or a directory of shards when the package that
+        wrote it is installed), weights-only unless ``weights_only=False``. ``map_location``: a
+        device to move the module to.
+        """
+        return load_module(cls, checkpoint_path, map_location, strict, weights_only, kwargs)
 
     # -- creating the model and its optimizers ------------------------------------------------
 

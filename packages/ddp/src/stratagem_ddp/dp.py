@@ -13,6 +13,7 @@ from stratagem.environments.cluster_environment import ClusterEnvironment
 from stratagem.launchers import InProcessLauncher, Launcher
 from stratagem.precision import Precision
 from stratagem.strategies import ReduceOp, Strategy
+from stratagem.strategies.collective_arguments import reduce_operation
 
 SUPPORTED_PRECISIONS = ("32-true", "64-true")
 """DataParallel replicates the module per forward; the 16-bit plugins' casts and scalers do not follow it."""
@@ -87,10 +88,11 @@ class DataParallelStrategy(Strategy):
         output = super().run_step(step_name, *args)
         return _mean_of_replicas(output) if step_name == "training_step" else output
 
-    def reduce(self, tensor: torch.Tensor, op: ReduceOp = "mean") -> torch.Tensor:
+    def reduce(self, tensor: Any, op: ReduceOp = "mean", *, group: Any = None, reduce_op: Any = None) -> Any:
+        reduce_operation(op, reduce_op)
         return tensor
 
-    def all_gather(self, tensor: torch.Tensor, sync_grads: bool = False) -> torch.Tensor:
+    def all_gather(self, tensor: torch.Tensor, sync_grads: bool = False, *, group: Any = None) -> torch.Tensor:
         return tensor.unsqueeze(0)
 
     def broadcast(self, obj: Any, src: int = 0) -> Any:

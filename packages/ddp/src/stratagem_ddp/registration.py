@@ -9,6 +9,7 @@ if TYPE_CHECKING:
 
 _DDP = "stratagem_ddp.ddp:DDPStrategy"
 _FIND_UNUSED = "_find_unused_parameters_true"
+_NO_FIND_UNUSED = "_find_unused_parameters_false"
 
 _DDP_VARIANTS = (
     ("ddp", "popen", "One process per device; re-runs your command per rank, or joins torchrun/SLURM/MPI ranks."),
@@ -27,6 +28,13 @@ def register(registry: Registry) -> None:
             _DDP,
             description=f"{name} with find_unused_parameters=True (modules whose forward skips parameters).",
             defaults={"start_method": start_method, "find_unused_parameters": True},
+        )
+        # Lightning 2.x still registers these; find_unused_parameters=False is the default here too.
+        registry.register(
+            name + _NO_FIND_UNUSED,
+            _DDP,
+            description=f"{name} with find_unused_parameters=False (the default; Lightning's name).",
+            defaults={"start_method": start_method, "find_unused_parameters": False},
         )
     registry.register(
         "dp",

@@ -21,6 +21,9 @@ from stratagem.strategies import LoopSettings
 CONFIG_PATH_VARIABLE = "STRATAGEM_DEEPSPEED_CONFIG_PATH"
 """Environment variable naming a JSON config file, used when the strategy gets no ``config``."""
 
+LIGHTNING_CONFIG_PATH_VARIABLE = "PL_DEEPSPEED_CONFIG_PATH"
+"""Lightning's name for the same variable, read as an alias of ``STRATAGEM_DEEPSPEED_CONFIG_PATH``."""
+
 Device = Literal["cpu", "nvme"]
 _DEVICES = ("cpu", "nvme")
 
@@ -104,10 +107,7 @@ def load_config(config: Mapping[str, Any] | str | os.PathLike[str] | None) -> di
     """The user's config as a new dict: given directly, read from a JSON file, or named by
     ``STRATAGEM_DEEPSPEED_CONFIG_PATH``; ``None`` when there is none."""
     if config is None:
-        path = os.environ.get(CONFIG_PATH_VARIABLE)
-        if not path:
-            return None
-        return _read_json(Path(path), f"The environment variable {CONFIG_PATH_VARIABLE}={path!r}")
+        return _config_from_environment()
     if isinstance(config, Mapping):
         return copy.deepcopy(dict(config))
     if isinstance(config, str | os.PathLike):
@@ -116,6 +116,23 @@ def load_config(config: Mapping[str, Any] | str | os.PathLike[str] | None) -> di
         f"DeepSpeedStrategy(config={config!r}) has type {type(config).__name__}; expected a dict or the path of a "
         "JSON file."
     )
+
+
+def _config_from_environment() -> dict[str, Any] | None:
+    paths = {
+        variable: os.environ[variable]
+        for variable in (CONFIG_PATH_VARIABLE, LIGHTNING_CONFIG_PATH_VARIABLE)
+        if os.environ.get(variable)
+    }
+    if len(set(paths.values())) > 1:
+        raise ValueError(
+            f"The environment sets both {CONFIG_PATH_VARIABLE}={paths[CONFIG_PATH_VARIABLE]!r} and "
+            f"{LIGHTNING_CONFIG_PATH_VARIABLE}={paths[LIGHTNING_CONFIG_PATH_VARIABLE]!r} (Lightning's name for it); "
+            "unset one of them."
+        )
+    for variable, path in paths.items():
+        return _read_json(Path(path), f"The environment variable {variable}={path!r}")
+    return None
 
 
 def _read_json(path: Path, origin: str) -> dict[str, Any]:

@@ -23,8 +23,13 @@ from stratagem.precision import Precision
 from stratagem.strategies import LoopSettings, ParallelStrategy, skip_parameter_init
 from stratagem.strategies.parallel import DEFAULT_TIMEOUT
 from stratagem_deepspeed import checkpoint_layout as layout
+from stratagem_deepspeed.activation_checkpointing import (
+    check_activation_checkpointing,
+    configure_activation_checkpointing,
+)
 from stratagem_deepspeed.checkpoint_io import DeepSpeedCheckpointIO, read_state_file
 from stratagem_deepspeed.config import ZeroOptions, load_config, offload_devices, reconcile, zero_stage
+from stratagem_deepspeed.config_optimizer import check_optimizer_section
 from stratagem_deepspeed.engine_state import gather_module_state, load_module_state, load_optimizer_state
 from stratagem_deepspeed.environment import (
     async_io_problem,
@@ -32,6 +37,8 @@ from stratagem_deepspeed.environment import (
     import_deepspeed,
     select_deepspeed_accelerator,
 )
+from stratagem_deepspeed.lightning_options import parse_lightning_options, upgrade_boolean_offload
+from stratagem_deepspeed.stage_3_release import release_partitioned_parameters
 
 if TYPE_CHECKING:
     from deepspeed import DeepSpeedEngine
@@ -65,6 +72,11 @@ class DeepSpeedStrategy(ParallelStrategy):
             need neither DeepSpeed nor the shards to load its weights.
         config: DeepSpeed config (dict or JSON file path), replacing the options above.
         start_method: how processes start (``"popen"`` re-runs the script; or a multiprocessing method).
+        **lightning_options: Lightning's other ``DeepSpeedStrategy`` options (``pin_memory``,
+            ``sub_group_size``, ``loss_scale``, ``initial_scale_power``, ``loss_scale_window``,
+            ``hysteresis``, ``min_loss_scale``, ``logging_batch_size_per_gpu``, ``load_full_weights``,
+            ``zero_optimization``, the NVMe ``aio`` and buffer options, ...), written to the config keys
+            Lightning writes them to (see ``stratagem_deepspeed.lightning_options``).
     """
 
     handles_gradient_accumulation: ClassVar[bool] = True
@@ -98,7 +110,11 @@ class DeepSpeedStrategy(ParallelStrategy):
         cluster_environment: ClusterEnvironment | None = None,
         process_group_backend: str | None = None,
         timeout: timedelta | float = DEFAULT_TIMEOUT,
+        **lightning_options: Any,
     ) -> None:
+        self._lightning = parse_lightning_options(lightning_options, config_given=config is not None)
+        if not self._lightning.zero_optimization:
+            stage = 0
         super().__init__(
             accelerator=accelerator,
             precision=precision,
@@ -141,6 +157,9 @@ class DeepSpeedStrategy(ParallelStrategy):
     def complete_configuration(self) -> None:
         select_deepspeed_accelerator(self.accelerator.device_type)
         self._reconcile()
+        source = "the DeepSpeed config" if self.user_config is not None else "DeepSpeedStrategy's options"
+        check_optimizer_section(self.config, source)
+        check_activation_checkpointing(self.config, source)
         check_config_with_deepspeed(self.config)
         if "nvme" in offload_devices(self.config).values() or self.remote_device == "nvme":
             self._check_nvme_path()
@@ -169,16 +188,21 @@ class DeepSpeedStrategy(ParallelStrategy):
             self._reconcile()
 
     def _reconcile(self) -> None:
-        base = self.user_config if self.user_config is not None else self.options.to_config()
-        self._config = reconcile(
+        if self.user_config is not None:
+            base = upgrade_boolean_offload(self.user_config)
+        else:
+            base = self._lightning.apply(self.options.to_config())
+        micro_batch_size = self.loop_settings.train_batch_size if self._loop_settings_connected else None
+        config = reconcile(
             base,
             user_given=self.user_config is not None,
             precision_name=self.precision.name,
             device_type=self.accelerator.device_type,
             loop_settings=self.loop_settings if self._loop_settings_connected else None,
-            micro_batch_size=self.loop_settings.train_batch_size if self._loop_settings_connected else None,
+            micro_batch_size=micro_batch_size or self._lightning.logging_batch_size_per_gpu,
             world_size=self.num_processes * self.num_nodes,
         )
+        self._config = self._lightning.apply_loss_scaling(config, self.precision.name)
 
     @property
     def config(self) -> dict[str, Any]:
@@ -186,6 +210,12 @@ class DeepSpeedStrategy(ParallelStrategy):
         if self._config is None:
             raise RuntimeError("DeepSpeedStrategy has no config yet; create it with stratagem.resolve().")
         return self._config
+
+    @property
+    def supplies_optimizer(self) -> bool:
+        # The config's 'optimizer' section: the engine builds that optimizer when given none.
+        config = self._config if self._config is not None else (self.user_config or {})
+        return "optimizer" in config
 
     @property
     def zero_stage(self) -> int:
@@ -289,6 +319,7 @@ class DeepSpeedStrategy(ParallelStrategy):
         )
         self._engine = engine
         self._model = engine
+        configure_activation_checkpointing(self.config)
         # The torch optimizer the engine steps: schedulers and the Trainer see its param_groups, while
         # backward and step go through the engine (which wraps it in ZeRO's partitioned optimizer).
         return [engine.basic_optimizer]
@@ -323,6 +354,7 @@ class DeepSpeedStrategy(ParallelStrategy):
         engine, _, _, _ = import_deepspeed().initialize(model=self.module, config=config, dist_init_required=False)
         self._engine = engine
         self._model = engine
+        configure_activation_checkpointing(self.config)
 
     @property
     def engine(self) -> DeepSpeedEngine:
@@ -507,6 +539,10 @@ class DeepSpeedStrategy(ParallelStrategy):
         return full if self.is_global_zero else {}
 
     def teardown(self) -> None:
+        if self._engine is not None and self.zero_stage == 3:
+            # Whole again for the caller and for the next run in this process (test after fit), whose
+            # process group the old partitions do not know.
+            release_partitioned_parameters(self.module)
         if self._engine is not None:
             self._engine.destroy()
         self._engine = None

@@ -15,10 +15,15 @@ from stratagem.precision import MixedPrecision, Precision
 
 ShardingStrategyName = Literal["FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD"]
 StateDictType = Literal["sharded", "full"]
-ModulePolicy = set[type[nn.Module]] | Callable[..., bool]
+ModulePolicy = set[type[nn.Module]] | type[nn.Module] | Callable[..., bool]
 
 SHARDING_STRATEGIES: tuple[ShardingStrategyName, ...] = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD")
 STATE_DICT_TYPES: tuple[StateDictType, ...] = ("sharded", "full")
+
+# Lightning's FSDPStrategy options whose stratagem spelling differs.
+_LIGHTNING_NAMES = {
+    "precision_plugin": "precision= (on FSDPStrategy, or precision= on the Trainer)",
+}
 
 # fully_shard arguments the strategy sets from its own options; passing them through would bypass those.
 _OWNED_ARGUMENTS = {
@@ -57,10 +62,23 @@ def sharding_strategy_name(value: object) -> ShardingStrategyName:
     )
 
 
+_TORCH_STATE_DICT_TYPES: dict[str, StateDictType] = {"FULL_STATE_DICT": "full", "SHARDED_STATE_DICT": "sharded"}
+"""Members of torch's ``StateDictType`` enum (FSDP1's, which Lightning users pass) -> stratagem's names."""
+
+
 def check_state_dict_type(value: object) -> StateDictType:
+    """``"sharded"`` or ``"full"``; torch's ``StateDictType.FULL_STATE_DICT`` / ``SHARDED_STATE_DICT`` mean the same."""
     for known in STATE_DICT_TYPES:
         if value == known:
             return known
+    member = getattr(value, "name", None)
+    if type(value).__name__ == "StateDictType" and member in _TORCH_STATE_DICT_TYPES:
+        return _TORCH_STATE_DICT_TYPES[member]
+    if member == "LOCAL_STATE_DICT":
+        raise ValueError(
+            "state_dict_type=StateDictType.LOCAL_STATE_DICT is not supported: its files load only into the same "
+            "world size. Use 'sharded' (also per rank, and loads into any world size) or 'full'."
+        )
     raise ValueError(f"state_dict_type={value!r} is not valid; expected 'sharded' or 'full'.")
 
 
@@ -147,10 +165,26 @@ def mixed_precision_policy(policy: MixedPrecisionPolicy | None, precision: Preci
     return MixedPrecisionPolicy()
 
 
+def lightning_activation_checkpointing(kwargs: dict[str, Any], policy: ModulePolicy | None) -> ModulePolicy | None:
+    """``activation_checkpointing_policy``, or Lightning's older ``activation_checkpointing`` (a class or a list of
+    classes, taken from ``kwargs``) which means the same."""
+    if "activation_checkpointing" not in kwargs:
+        return policy
+    classes: ModulePolicy = kwargs.pop("activation_checkpointing")
+    if policy is not None:
+        raise ValueError(
+            "FSDPStrategy got both activation_checkpointing= (Lightning's older name) and "
+            "activation_checkpointing_policy=; pass only activation_checkpointing_policy."
+        )
+    return classes
+
+
 def check_fully_shard_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
     """``kwargs`` if ``fully_shard`` accepts them all and the strategy does not set them itself."""
     accepted = [name for name in inspect.signature(fully_shard).parameters if name not in _OWNED_ARGUMENTS]
     for name in kwargs:
+        if name in _LIGHTNING_NAMES:
+            raise TypeError(f"FSDPStrategy({name}=...) is Lightning's name; stratagem's is {_LIGHTNING_NAMES[name]}.")
         if name in _OWNED_ARGUMENTS:
             raise TypeError(
                 f"FSDPStrategy sets fully_shard's {name!r} from {_OWNED_ARGUMENTS[name]}; use that option instead."
@@ -182,9 +216,13 @@ class ModuleSelector:
     def from_option(cls, option: str, policy: object) -> ModuleSelector | None:
         if policy is None:
             return None
+        if isinstance(policy, type):
+            # A single class means {that class}; called as a policy it would be instantiated on each module.
+            policy = {policy}
         if isinstance(policy, set | frozenset | list | tuple):
             classes = tuple(policy)
             if classes and all(isinstance(item, type) and issubclass(item, nn.Module) for item in classes):
+                _refuse_containers(option, classes)
                 return cls(option, classes=classes)
         elif callable(policy):
             return cls(option, function=policy, legacy_signature=_takes_legacy_arguments(policy))
@@ -199,6 +237,24 @@ class ModuleSelector:
         if self.legacy_signature:
             return bool(self.function(module=module, recurse=False, nonwrapped_numel=nonwrapped_numel))
         return bool(self.function(module))
+
+
+_CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
+
+
+def _refuse_containers(option: str, classes: tuple[type[nn.Module], ...]) -> None:
+    containers = [item for item in classes if issubclass(item, _CONTAINERS)]
+    if not containers:
+        return
+    names = ", ".join(
+        f"nn.{item.__name__}" if item.__module__.startswith("torch.") else item.__name__ for item in containers
+    )
+    raise ValueError(
+        f"{option} names {names}, a container class: it selects whatever it happens to hold (an nn.Sequential is "
+        "often the whole model, so all of it becomes one unit), and nn.ModuleList/ModuleDict are never called, so "
+        "nothing would happen. Name the layer classes inside it (e.g. {nn.TransformerEncoderLayer}), or pass a "
+        "callable policy(module) -> bool that picks the submodules."
+    )
 
 
 def _takes_legacy_arguments(policy: Callable[..., Any]) -> bool:

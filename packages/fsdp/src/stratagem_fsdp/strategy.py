@@ -46,12 +46,19 @@ from stratagem_fsdp.options import (
     check_fully_shard_kwargs,
     check_mixed_precision,
     check_state_dict_type,
+    lightning_activation_checkpointing,
     mixed_precision_policy,
     offload_policy,
     sharding_layout,
     sharding_strategy_name,
 )
-from stratagem_fsdp.wrapping import ShardedRoot, apply_activation_checkpointing, shard_module, sharded_root_of
+from stratagem_fsdp.wrapping import (
+    ShardedRoot,
+    apply_activation_checkpointing,
+    manual_wrapping,
+    shard_module,
+    sharded_root_of,
+)
 
 _FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
 
@@ -111,6 +118,7 @@ class FSDPStrategy(ParallelStrategy):
         self.mixed_precision = check_mixed_precision(mixed_precision)
         self._device_mesh_shape = check_device_mesh(device_mesh, self.sharding_strategy)
         self._auto_wrap = ModuleSelector.from_option("auto_wrap_policy", auto_wrap_policy)
+        activation_checkpointing_policy = lightning_activation_checkpointing(kwargs, activation_checkpointing_policy)
         self._activation_checkpointing = ModuleSelector.from_option(
             "activation_checkpointing_policy", activation_checkpointing_policy
         )
@@ -195,10 +203,10 @@ class FSDPStrategy(ParallelStrategy):
         # has sharded the module and materialises each rank's shards.
         self._weights_will_be_loaded = bool(empty_init)
         if empty_init is False:
-            with super().module_init_context(empty_init):
+            with super().module_init_context(empty_init), manual_wrapping():
                 yield
             return
-        with torch.device("meta"), self.precision.module_init_context():
+        with torch.device("meta"), self.precision.module_init_context(), manual_wrapping():
             yield
 
     def setup_module(self, module: nn.Module) -> nn.Module:

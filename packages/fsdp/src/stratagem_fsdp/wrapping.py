@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 from collections.abc import Iterator
 from typing import Any
@@ -11,6 +12,7 @@ from torch.distributed._composable import checkpoint
 from torch.distributed._composable.contract import _get_registry
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
 from torch.distributed.fsdp import FSDPModule, fully_shard
+from torch.distributed.fsdp.wrap import enable_wrap
 
 from stratagem_fsdp.options import ModuleSelector
 
@@ -40,6 +42,30 @@ def sharded_root_of(module: nn.Module) -> ShardedRoot | None:
     """The root that :func:`shard_module` made for ``module``, if it did."""
     root = module.__dict__.get(_ROOT_ATTRIBUTE)
     return root if isinstance(root, ShardedRoot) else None
+
+
+_MANUAL_UNIT_ATTRIBUTE = "_stratagem_fsdp_manual_unit"
+
+
+def _mark_as_unit(module: nn.Module, **_: Any) -> nn.Module:
+    module.__dict__[_MANUAL_UNIT_ATTRIBUTE] = True
+    return module
+
+
+def _marked_as_unit(module: nn.Module) -> bool:
+    return bool(module.__dict__.get(_MANUAL_UNIT_ATTRIBUTE, False))
+
+
+@contextlib.contextmanager
+def manual_wrapping() -> Iterator[None]:
+    """Make torch's ``wrap(submodule)`` (``torch.distributed.fsdp.wrap``), called in ``configure_model``, mark
+    that submodule as its own FSDP unit, as Lightning's FSDP strategy does; ``setup_module`` shards it.
+
+    Outside ``enable_wrap`` torch's ``wrap`` returns the module untouched, which would lose the
+    per-layer sharding the user asked for without a word.
+    """
+    with enable_wrap(wrapper_cls=_mark_as_unit):
+        yield
 
 
 def has_activation_checkpointing(module: nn.Module) -> bool:
@@ -77,9 +103,8 @@ def shard_module(
 
     Submodules the user already sharded, and everything inside them, are left as they are.
     """
-    if selector is not None:
-        for submodule in selected_units(module, selector):
-            fully_shard(submodule, mesh=mesh, **unit_kwargs)
+    for submodule in selected_units(module, selector):
+        fully_shard(submodule, mesh=mesh, **unit_kwargs)
     root = ShardedRoot(module)
     fully_shard(root, mesh=mesh, **root_kwargs)
     # Kept outside nn.Module's registry: the root must not become a submodule of its own child.
@@ -87,18 +112,22 @@ def shard_module(
     return root
 
 
-def selected_units(module: nn.Module, selector: ModuleSelector) -> list[nn.Module]:
-    """The submodules ``selector`` makes FSDP units, children before parents; user-sharded subtrees excluded."""
+def selected_units(module: nn.Module, selector: ModuleSelector | None) -> list[nn.Module]:
+    """The submodules ``selector`` makes FSDP units, and those given to ``wrap()`` in ``configure_model``,
+    children before parents; user-sharded subtrees excluded."""
     selected: list[nn.Module] = []
+    # A submodule registered under two names (``self.model = nn.Sequential(self.layer, ...)``) is one unit.
+    visited: set[int] = set()
 
     def visit(current: nn.Module) -> int:
         """Add selected descendants of ``current``; return its parameter count not yet in a selected unit."""
         remaining = sum(parameter.numel() for parameter in current.parameters(recurse=False))
         for child in current.children():
-            if isinstance(child, FSDPModule):
+            if isinstance(child, FSDPModule) or id(child) in visited:
                 continue
+            visited.add(id(child))
             child_remaining = visit(child)
-            if selector(child, child_remaining):
+            if _marked_as_unit(child) or (selector is not None and selector(child, child_remaining)):
                 selected.append(child)
             else:
                 remaining += child_remaining

@@ -11,6 +11,7 @@ import traceback
 from collections.abc import Callable
 from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
+from pathlib import Path
 from typing import Any
 
 from stratagem.environments.cluster_environment import ClusterEnvironment
@@ -65,6 +66,8 @@ class MultiprocessingLauncher(Launcher):
     def launch(self, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         if self.start_method == "fork":
             _check_cuda_not_initialized()
+        else:
+            _check_main_importable(self.start_method)
         check_main_port_free(self.cluster_environment)
         context: Any = multiprocessing.get_context(self.start_method)
         first_rank = self.cluster_environment.node_rank() * self.num_processes
@@ -92,6 +95,24 @@ class MultiprocessingLauncher(Launcher):
             f"MultiprocessingLauncher(start_method={self.start_method!r}, num_processes={self.num_processes}, "
             f"num_nodes={self.num_nodes})"
         )
+
+
+def _check_main_importable(start_method: str) -> None:
+    """A spawned rank re-imports ``__main__`` to find the functions and classes it is sent; without a main
+    module it can import (a notebook, ``python -c``, a script read from standard input) every rank would
+    fail with an error about a missing file or attribute."""
+    main = sys.modules.get("__main__")
+    if getattr(getattr(main, "__spec__", None), "name", None) is not None:
+        return
+    path = getattr(main, "__file__", None)
+    if path is not None and Path(path).is_file():
+        return
+    where = "has no file" if path is None else f"is {path!r}, which is not a file"
+    raise RuntimeError(
+        f"start_method={start_method!r} starts each rank by re-importing your main module, and this session's "
+        f"__main__ {where} (a notebook, 'python -c' or a script read from standard input). Use 'ddp_notebook' or "
+        "'ddp_fork' there (they fork, importing nothing), or run a script file."
+    )
 
 
 FAILURE_GRACE_SECONDS = 2.0

@@ -27,6 +27,7 @@ class FirstPartyPackage:
 
 
 _FIND_UNUSED = "_find_unused_parameters_true"
+_NO_FIND_UNUSED = "_find_unused_parameters_false"
 
 PACKAGES: tuple[FirstPartyPackage, ...] = (
     FirstPartyPackage(
@@ -42,6 +43,10 @@ PACKAGES: tuple[FirstPartyPackage, ...] = (
                 "ddp_spawn" + _FIND_UNUSED,
                 "ddp_fork" + _FIND_UNUSED,
                 "ddp_notebook" + _FIND_UNUSED,
+                "ddp" + _NO_FIND_UNUSED,
+                "ddp_spawn" + _NO_FIND_UNUSED,
+                "ddp_fork" + _NO_FIND_UNUSED,
+                "ddp_notebook" + _NO_FIND_UNUSED,
                 "dp",
             ),
         },
@@ -99,16 +104,11 @@ class LightningName:
     instead: tuple[str, ...] = field(default=())
 
 
-_NO_FIND_UNUSED = "find_unused_parameters is already False by default here, so the name has no suffix"
 _FAIRSCALE = "Lightning's FairScale sharded DDP, removed in Lightning 2.0 with FairScale"
 
 LIGHTNING_NAMES: tuple[LightningName, ...] = (
     LightningName("strategy", "ddp2", "Lightning's ddp2 (DP inside a node, DDP across nodes) was removed", ("ddp",)),
     LightningName("strategy", "ddp_cpu", "Lightning's old ddp_cpu is DDP with accelerator='cpu'", ("ddp",)),
-    *(
-        LightningName("strategy", f"{base}_find_unused_parameters_false", _NO_FIND_UNUSED, (base,))
-        for base in ("ddp", "ddp_spawn", "ddp_fork", "ddp_notebook")
-    ),
     *(
         LightningName("strategy", name, _FAIRSCALE, ("fsdp", "deepspeed_stage_2"))
         for name in (

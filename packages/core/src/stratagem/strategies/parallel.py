@@ -24,6 +24,7 @@ from stratagem.strategies._process_group_options import (
     check_process_group_backend,
     check_timeout,
 )
+from stratagem.strategies.collective_arguments import reduce_operation
 from stratagem.strategies.strategy import ReduceOp, Strategy
 
 DEFAULT_TIMEOUT = timedelta(minutes=30)
@@ -182,29 +183,29 @@ class ParallelStrategy(Strategy, ABC):
         self._created_process_group = True
         self._arrivals = ArrivalLog(store, rank, world_size)
 
-    def reduce(self, tensor: torch.Tensor, op: ReduceOp = "mean") -> torch.Tensor:
-        if not _distributed_ready():
+    def reduce(self, tensor: Any, op: ReduceOp = "mean", *, group: Any = None, reduce_op: Any = None) -> Any:
+        op = reduce_operation(op, reduce_op)
+        if not isinstance(tensor, torch.Tensor) or not _distributed_ready():
             return tensor
-        if op not in ("sum", "mean", "max", "min"):
-            raise ValueError(f"reduce(op={op!r}) is not supported; use 'sum', 'mean', 'max' or 'min'.")
         result = tensor.detach().clone()
         with self.collective(f"all_reduce (reduce with op={op!r})"):
-            dist.all_reduce(result, op=_REDUCE_OPS["sum" if op == "mean" else op])
+            dist.all_reduce(result, op=_REDUCE_OPS["sum" if op == "mean" else op], group=group)
         if op == "mean":
-            result = result / self.world_size if result.is_floating_point() else result // self.world_size
+            size = dist.get_world_size(group)
+            result = result / size if result.is_floating_point() else result // size
         return result
 
-    def all_gather(self, tensor: torch.Tensor, sync_grads: bool = False) -> torch.Tensor:
+    def all_gather(self, tensor: torch.Tensor, sync_grads: bool = False, *, group: Any = None) -> torch.Tensor:
         if not _distributed_ready():
             return tensor.unsqueeze(0)
         if sync_grads:
             from torch.distributed.nn.functional import all_gather as differentiable_all_gather
 
             with self.collective("all_gather (sync_grads=True)"):
-                return torch.stack(differentiable_all_gather(tensor.contiguous()))
-        gathered = [torch.empty_like(tensor) for _ in range(self.world_size)]
+                return torch.stack(differentiable_all_gather(tensor.contiguous(), group=group or dist.group.WORLD))
+        gathered = [torch.empty_like(tensor) for _ in range(dist.get_world_size(group))]
         with self.collective("all_gather"):
-            dist.all_gather(gathered, tensor.contiguous())
+            dist.all_gather(gathered, tensor.contiguous(), group=group)
         return torch.stack(gathered)
 
     def broadcast(self, obj: Any, src: int = 0) -> Any:

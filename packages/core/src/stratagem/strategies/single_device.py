@@ -9,6 +9,7 @@ from stratagem.checkpoint_io import CheckpointIO
 from stratagem.environments.cluster_environment import ClusterEnvironment
 from stratagem.launchers import InProcessLauncher, Launcher
 from stratagem.precision import Precision
+from stratagem.strategies.collective_arguments import reduce_operation
 from stratagem.strategies.strategy import ReduceOp, Strategy
 
 
@@ -63,10 +64,11 @@ class SingleDeviceStrategy(Strategy):
             return torch.device("cpu")
         return self._device
 
-    def reduce(self, tensor: torch.Tensor, op: ReduceOp = "mean") -> torch.Tensor:
+    def reduce(self, tensor: Any, op: ReduceOp = "mean", *, group: Any = None, reduce_op: Any = None) -> Any:
+        reduce_operation(op, reduce_op)
         return tensor
 
-    def all_gather(self, tensor: torch.Tensor, sync_grads: bool = False) -> torch.Tensor:
+    def all_gather(self, tensor: torch.Tensor, sync_grads: bool = False, *, group: Any = None) -> torch.Tensor:
         return tensor.unsqueeze(0)
 
     def broadcast(self, obj: Any, src: int = 0) -> Any:

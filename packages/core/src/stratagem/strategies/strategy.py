@@ -54,6 +54,12 @@ class Strategy(ABC):
     max_lr_schedulers: ClassVar[int | None] = None
     """How many learning-rate schedulers :meth:`check_lr_schedulers` accepts; ``None`` means no limit."""
 
+    @property
+    def supplies_optimizer(self) -> bool:
+        """True when :meth:`setup_optimizers` creates the optimizer itself when given none (e.g. from a
+        backend's config), so that ``configure_optimizers`` may be absent or return nothing."""
+        return False
+
     def __init__(
         self,
         accelerator: Accelerator | None = None,
@@ -200,6 +206,10 @@ class Strategy(ABC):
             stack.enter_context(self.precision.module_init_context())
             yield
 
+    def model_sharded_context(self) -> contextlib.AbstractContextManager[None]:
+        """Lightning's name for :meth:`module_init_context` with the strategy's choice of initialisation."""
+        return self.module_init_context()
+
     def setup_module(self, module: nn.Module) -> nn.Module:
         """Move, cast and wrap the user's module; return the object to run forward on."""
         module = self.precision.convert_module(module).to(self.root_device)
@@ -286,12 +296,16 @@ class Strategy(ABC):
     # -- collectives ------------------------------------------------------------------------
 
     @abstractmethod
-    def reduce(self, tensor: torch.Tensor, op: ReduceOp = "mean") -> torch.Tensor:
-        """Reduce ``tensor`` over all ranks; every rank gets the result."""
+    def reduce(self, tensor: Any, op: ReduceOp = "mean", *, group: Any = None, reduce_op: Any = None) -> Any:
+        """Reduce ``tensor`` over all ranks (or the process ``group``); every rank gets the result.
+
+        Anything that is not a tensor is returned unchanged, as in Lightning. ``reduce_op`` is
+        Lightning's name for ``op`` (see :func:`stratagem.strategies.collective_arguments.reduce_operation`).
+        """
 
     @abstractmethod
-    def all_gather(self, tensor: torch.Tensor, sync_grads: bool = False) -> torch.Tensor:
-        """Stack ``tensor`` from every rank along a new first dimension (size :attr:`world_size`).
+    def all_gather(self, tensor: torch.Tensor, sync_grads: bool = False, *, group: Any = None) -> torch.Tensor:
+        """Stack ``tensor`` from every rank (of ``group``, by default all) along a new first dimension.
 
         ``sync_grads=True`` makes the result differentiable with respect to every rank's input.
         """

@@ -36,6 +36,31 @@ class OptimizerSetup:
     schedulers: list[SchedulerConfig] = field(default_factory=list)
 
 
+def configured_optimizers(module: Any, strategy_supplies_optimizer: bool) -> OptimizerSetup:
+    """What ``module.configure_optimizers()`` returned, parsed.
+
+    When the strategy creates the optimizer itself (``Strategy.supplies_optimizer``, e.g. from a
+    DeepSpeed config's ``optimizer`` section), the module may leave ``configure_optimizers`` out or
+    return nothing (``None``, ``[]``, ``([], [])``), as in Lightning.
+    """
+    from stratagem.module import Module
+
+    if strategy_supplies_optimizer and type(module).configure_optimizers is Module.configure_optimizers:
+        return OptimizerSetup([])
+    returned = module.configure_optimizers()
+    if strategy_supplies_optimizer and _is_nothing(returned):
+        return OptimizerSetup([])
+    return parse_optimizers(returned)
+
+
+def _is_nothing(returned: Any) -> bool:
+    if returned is None:
+        return True
+    if not isinstance(returned, list | tuple):
+        return False
+    return all(isinstance(part, list | tuple) and not part for part in returned)
+
+
 def parse_optimizers(returned: Any) -> OptimizerSetup:
     """Turn any accepted ``configure_optimizers`` return value into optimizers and scheduler configs."""
     if isinstance(returned, Optimizer):

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
+from torch import nn
 
 from stratagem.callbacks.callback import Callback, RunStage
 from stratagem.callbacks.model_checkpoint import ModelCheckpoint
@@ -26,8 +27,9 @@ from stratagem.trainer.checkpointing import build_checkpoint, resolve_ckpt_path,
 from stratagem.trainer.data import as_loader_list, check_splittable, with_distributed_sampler
 from stratagem.trainer.evaluation_loop import EvaluationKind, run_evaluation
 from stratagem.trainer.fit_loop import FitLoop
+from stratagem.trainer.lightning_hooks import check_lightning_hooks
 from stratagem.trainer.metrics import LoggedMetrics
-from stratagem.trainer.optimizers import SchedulerConfig, parse_optimizers
+from stratagem.trainer.optimizers import SchedulerConfig, configured_optimizers
 from stratagem.trainer.predict_loop import run_prediction
 from stratagem.trainer.progress import FitProgress, Throughput
 from stratagem.trainer.rng import seed_everything
@@ -161,6 +163,15 @@ class Trainer:
         self._hooks = CallbackHooks(self.callbacks)
 
     # -- what users read ------------------------------------------------------------------------
+
+    @property
+    def model(self) -> nn.Module | None:
+        """The module as the strategy wrapped it (DDP, the FSDP root, DeepSpeed's engine, ...) during a run in
+        this process; ``None`` before one (Lightning's ``trainer.model``). The unwrapped one is ``strategy.module``."""
+        try:
+            return self.strategy.model
+        except RuntimeError:
+            return None
 
     @property
     def global_step(self) -> int:
@@ -341,6 +352,7 @@ class Trainer:
         if stage == "fit" and loaders[0]:
             # Known here when given to fit(): a strategy that must agree with it errs before any process starts.
             self._connect_train_batch_size(loaders[0])
+        check_lightning_hooks(module)
         module.trainer = self
         launcher = self.strategy.launcher
         # Decided here, in the caller: inside a started worker the strategy sees ranks that already
@@ -391,7 +403,7 @@ class Trainer:
                 if len(train) != 1:
                     raise ValueError(f"Trainer.fit() takes one training dataloader; got {len(train)}.")
                 self._connect_train_batch_size(train)
-                setup = parse_optimizers(module.configure_optimizers())
+                setup = configured_optimizers(module, strategy.supplies_optimizer)
                 self.optimizers = strategy.setup_optimizers(setup.optimizers)
                 strategy.check_lr_schedulers([config.scheduler for config in setup.schedulers])
                 self.lr_scheduler_configs = setup.schedulers

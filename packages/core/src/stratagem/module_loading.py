@@ -1,0 +1,102 @@
+"""A Module's hyperparameters (``save_hyperparameters``) and rebuilding a Module from a checkpoint
+(``load_from_checkpoint``), as Lightning code uses them."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Iterable
+from pathlib import Path
+from types import FrameType
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import torch
+
+if TYPE_CHECKING:
+    from stratagem.module import Module
+
+HYPER_PARAMETERS_KEY = "hyper_parameters"
+"""The checkpoint entry holding the module's saved ``__init__`` arguments."""
+
+ModuleT = TypeVar("ModuleT", bound="Module")
+
+
+class HyperParameters(dict[str, Any]):
+    """A dict whose entries are also attributes (``self.hparams.lr``), as Lightning's ``hparams``."""
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(f"hparams has no {name!r}; saved: {', '.join(sorted(self)) or 'none'}") from None
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        self[name] = value
+
+
+def init_arguments(frame: FrameType, names: tuple[str, ...], ignore: str | Iterable[str] | None) -> dict[str, Any]:
+    """The arguments the ``__init__`` running in ``frame`` received (only ``names`` when given), less ``ignore``."""
+    info = inspect.getargvalues(frame)
+    arguments = {name: info.locals[name] for name in info.args[1:] if name in info.locals}
+    if info.keywords is not None:
+        arguments.update(info.locals.get(info.keywords) or {})
+    if names:
+        unknown = [name for name in names if name not in arguments]
+        if unknown:
+            raise ValueError(
+                f"save_hyperparameters({', '.join(map(repr, names))}): {', '.join(map(repr, unknown))} "
+                f"{'is' if len(unknown) == 1 else 'are'} not an argument of __init__ (its arguments: "
+                f"{', '.join(arguments) or 'none'})."
+            )
+        arguments = {name: arguments[name] for name in names}
+    ignored = {ignore} if isinstance(ignore, str) else set(ignore or ())
+    return {name: value for name, value in arguments.items() if name not in ignored}
+
+
+def load_module(
+    module_class: type[ModuleT],
+    checkpoint_path: str | Path,
+    map_location: str | torch.device | None,
+    strict: bool,
+    weights_only: bool,
+    overrides: dict[str, Any],
+) -> ModuleT:
+    """Build ``module_class`` from the saved hyperparameters (``overrides`` win), create its layers
+    (``configure_model``) and load the checkpoint's weights, whichever strategy wrote it."""
+    from stratagem.checkpoint_io import TorchCheckpointIO
+    from stratagem.checkpoint_io.readers import read_full_checkpoint
+
+    if map_location is not None and not isinstance(map_location, str | torch.device):
+        raise TypeError(
+            f"load_from_checkpoint(map_location={map_location!r}): stratagem reads checkpoints to the CPU and then "
+            "moves the module; pass a device (e.g. 'cpu' or torch.device('cuda', 0)) or None."
+        )
+    checkpoint = read_full_checkpoint(checkpoint_path, TorchCheckpointIO(), weights_only=weights_only)
+    if "module" not in checkpoint:
+        raise ValueError(
+            f"{str(checkpoint_path)!r} holds no module weights (no 'module' entry); it is not a checkpoint."
+        )
+    arguments = {**(checkpoint.get(HYPER_PARAMETERS_KEY) or {}), **overrides}
+    module = _construct(module_class, arguments, checkpoint_path, HYPER_PARAMETERS_KEY in checkpoint)
+    module.configure_model()
+    module.load_state_dict(checkpoint.pop("module"), strict=strict)
+    module.on_load_checkpoint(checkpoint)
+    if map_location is not None:
+        module.to(torch.device(map_location))
+    return module.eval()
+
+
+def _construct(module_class: type[ModuleT], arguments: dict[str, Any], path: str | Path, saved: bool) -> ModuleT:
+    try:
+        inspect.signature(module_class).bind(**arguments)
+    except TypeError as error:
+        hint = (
+            "the checkpoint saved no hyperparameters: call self.save_hyperparameters() in __init__ so that they are"
+            " saved, or pass them as keyword arguments to load_from_checkpoint"
+            if not saved
+            else "pass the missing or changed ones as keyword arguments to load_from_checkpoint"
+        )
+        raise TypeError(
+            f"{module_class.__name__}.load_from_checkpoint({str(path)!r}) cannot call {module_class.__name__}"
+            f"(**{arguments!r}): {error}; {hint}."
+        ) from None
+    return module_class(**arguments)
