@@ -97,18 +97,9 @@ class LocalSGDStrategy(ParallelStrategy):
             "steps_since_average": self.steps_since_average,
             "ranks": every_rank,
         }
-        failure: BaseException | None = None
-        if self.is_global_zero:
-            try:
-                self.checkpoint_io.save_checkpoint(checkpoint, path)
-            except BaseException as error:
-                failure = error
-        # Every rank learns whether rank 0 wrote it, rather than waiting for it forever.
-        outcome = self.broadcast(None if failure is None else f"{type(failure).__name__}: {failure}")
-        if failure is not None:
-            raise failure
-        if outcome is not None:
-            raise RuntimeError(f"Writing the checkpoint {str(path)!r} failed on rank 0: {outcome}")
+        self.write_on_rank_zero(
+            lambda: self.checkpoint_io.save_checkpoint(checkpoint, path), f"Writing the checkpoint {str(path)!r}"
+        )
 
     def load_checkpoint(
         self, path: PathLike, state: dict[str, Any], strict: bool = True, weights_only: bool = True

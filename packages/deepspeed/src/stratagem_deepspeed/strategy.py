@@ -436,7 +436,7 @@ class DeepSpeedStrategy(ParallelStrategy):
             self.engine.save_checkpoint(str(temporary))
             # The directory is whole only once every rank has written its shards into it.
             self.barrier("save_checkpoint: shards written")
-            self._write_on_rank_zero(publish, f"save_checkpoint({str(target)!r})")
+            self.write_on_rank_zero(publish, f"save_checkpoint({str(target)!r})")
 
     def _split_state(self, state: dict[str, Any]) -> tuple[str, str | None, dict[str, Any]]:
         module_key = None

@@ -291,7 +291,7 @@ class FSDPStrategy(ParallelStrategy):
             self.checkpoint_io.save_checkpoint(sharded, path)
             return
         full = {key: self._state_of_full(value) for key, value in state.items()}
-        self._write_on_rank_zero(
+        self.write_on_rank_zero(
             functools.partial(self.checkpoint_io.save_checkpoint, full, path), f"save_checkpoint({str(path)!r})"
         )
 

@@ -273,9 +273,9 @@ class ParallelStrategy(Strategy, ABC):
             "ModelCheckpoint save."
         )
 
-    def _write_on_rank_zero(self, write: Callable[[], None], description: str) -> None:
+    def write_on_rank_zero(self, write: Callable[[], None], description: str) -> None:
         if not _distributed_ready():
-            super()._write_on_rank_zero(write, description)
+            super().write_on_rank_zero(write, description)
             return
         failure: BaseException | None = None
         if self.is_global_zero:

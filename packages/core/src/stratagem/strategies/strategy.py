@@ -346,7 +346,7 @@ class Strategy(ABC):
             self.checkpoint_io.save_checkpoint(checkpoint, path)
         else:
             write = functools.partial(self.checkpoint_io.save_checkpoint, checkpoint, path)
-            self._write_on_rank_zero(write, f"save_checkpoint({str(path)!r})")
+            self.write_on_rank_zero(write, f"save_checkpoint({str(path)!r})")
         if not self._in_run:
             # Nothing will finish a background write any more (the run's teardown did that for its own):
             # finish this one before returning, raising what it raised.
@@ -385,11 +385,11 @@ class Strategy(ABC):
 
     def remove_checkpoint(self, path: PathLike) -> None:
         """Delete a checkpoint this strategy saved. Called on every rank; global rank 0 deletes it."""
-        self._write_on_rank_zero(
+        self.write_on_rank_zero(
             functools.partial(self.checkpoint_io.remove_checkpoint, path), f"remove_checkpoint({str(path)!r})"
         )
 
-    def _write_on_rank_zero(self, write: Callable[[], None], description: str) -> None:
+    def write_on_rank_zero(self, write: Callable[[], None], description: str) -> None:
         """Run ``write`` on global rank 0 only; with several processes, every rank learns how it ended.
 
         Called on every rank. One process just writes; :class:`ParallelStrategy` shares the outcome.
