@@ -3,9 +3,10 @@
 ``to_empty`` allocates each rank's shards. Calling ``reset_parameters`` on the sharded
 parameters directly would draw the same random numbers on every rank, so every shard of a
 weight would hold the same values. Instead each module's own parameters are initialised one
-module at a time as whole temporary tensors, from the same random stream on every rank, and
-each rank keeps its shard. The result equals the module created normally under the same seed,
-and no rank holds more than one module's whole parameters at a time.
+module at a time as whole temporary tensors, every rank drawing from rank 0's random state,
+and each rank keeps its shard. The result equals the module rank 0 would have created normally
+from its random state, however the other ranks were seeded, and no rank holds more than one
+module's whole parameters at a time.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from typing import cast
 import torch
 from torch import nn
 from torch.distributed.tensor import DTensor, distribute_tensor
+
+from stratagem_fsdp.rank_zero_init import rank_zero_random_state
 
 
 def has_meta_tensors(module: nn.Module) -> bool:
@@ -32,8 +35,9 @@ def materialize(
     temporary whole parameters are on ``compute_device``, whose random generator a normal
     creation under the strategy's init context would have used. Modules are initialised
     children first, as constructors that create children and then reset their own
-    parameters (``nn.MultiheadAttention``) do. ``initialise=False`` only allocates, for
-    weights that a checkpoint will overwrite.
+    parameters (``nn.MultiheadAttention``) do. Every rank draws from rank 0's random state
+    (see :func:`rank_zero_random_state`). ``initialise=False`` only allocates, for weights that
+    a checkpoint will overwrite.
     """
     module.to_empty(device=storage_device)
     if storage_device != compute_device:
@@ -44,16 +48,17 @@ def materialize(
     if not initialise:
         return []
     uninitialised = []
-    for name, submodule in _post_order(module):
-        own = [*submodule.parameters(recurse=False), *submodule.buffers(recurse=False)]
-        if not own:
-            continue
-        reset = getattr(submodule, "reset_parameters", None) or getattr(submodule, "_reset_parameters", None)
-        if not callable(reset):
-            uninitialised.append(name or type(submodule).__name__)
-            continue
-        with torch.no_grad(), _whole_parameters(submodule, compute_device):
-            reset()
+    with rank_zero_random_state(compute_device):
+        for name, submodule in _post_order(module):
+            own = [*submodule.parameters(recurse=False), *submodule.buffers(recurse=False)]
+            if not own:
+                continue
+            reset = getattr(submodule, "reset_parameters", None) or getattr(submodule, "_reset_parameters", None)
+            if not callable(reset):
+                uninitialised.append(name or type(submodule).__name__)
+                continue
+            with torch.no_grad(), _whole_parameters(submodule, compute_device):
+                reset()
     return uninitialised
 
 

@@ -52,6 +52,7 @@ from stratagem_fsdp.options import (
     sharding_layout,
     sharding_strategy_name,
 )
+from stratagem_fsdp.rank_zero_init import broadcast_from_rank_zero
 from stratagem_fsdp.wrapping import (
     ShardedRoot,
     apply_activation_checkpointing,
@@ -230,6 +231,8 @@ class FSDPStrategy(ParallelStrategy):
             **unit_kwargs,
             "reshard_after_forward": self._fully_shard_kwargs.get("reshard_after_forward", False),
         }
+        # A module built normally holds each rank's own draw; sharding would keep a slice of each.
+        broadcast_from_rank_zero(module, self.root_device)
         root = shard_module(module, self._auto_wrap, self.device_mesh, unit_kwargs, root_kwargs)
         if has_meta_tensors(root):
             offloaded = isinstance(self._configured_offload_policy, CPUOffloadPolicy)
