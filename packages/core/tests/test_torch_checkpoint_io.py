@@ -1,3 +1,4 @@
+import errno
 import os
 import pickle
 
@@ -33,6 +34,46 @@ def test_a_failing_save_keeps_the_previous_checkpoint_and_removes_the_partial_fi
 
 class _Custom:
     pass
+
+
+class _DiskFillsAfter:
+    """A file that takes ``capacity`` bytes and then fails as a full disk does."""
+
+    def __init__(self, path, capacity):
+        self._file = open(path, "wb")  # noqa: SIM115 - closed by __exit__, as open()'s own file is
+        self._left = capacity
+
+    def write(self, data):
+        if len(data) > self._left:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        self._left -= len(data)
+        return self._file.write(data)
+
+    def __getattr__(self, name):
+        return getattr(self._file, name)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
+        self._file.close()
+
+
+def test_a_full_disk_is_an_oserror_naming_the_checkpoint_and_no_space_and_keeps_the_previous(tmp_path, monkeypatch):
+    from stratagem.checkpoint_io import torch_io
+
+    target = tmp_path / "model.ckpt"
+    io = TorchCheckpointIO()
+    io.save_checkpoint({"module": {"w": torch.ones(4)}}, target)
+    monkeypatch.setattr(torch_io, "open", lambda path, mode: _DiskFillsAfter(path, 1024), raising=False)
+    with pytest.raises(
+        OSError, match=r"Writing the checkpoint '.*model\.ckpt' failed: No space left on device"
+    ) as raised:
+        io.save_checkpoint({"module": {"w": torch.zeros(100_000)}}, target)
+    assert raised.value.errno == errno.ENOSPC
+    assert "unexpected pos" not in str(raised.value)
+    assert torch.equal(io.load_checkpoint(target)["module"]["w"], torch.ones(4))
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["model.ckpt"]
 
 
 def test_a_file_checkpoint_takes_the_place_of_a_directory_checkpoint_and_a_link_without_following_it(tmp_path):

@@ -26,11 +26,19 @@ class TorchCheckpointIO(CheckpointIO):
         remove_stale_temporaries(target.parent)
         temporary = temporary_sibling(target)
         try:
+            # Through a file object of ours: torch's own file writer reports a full disk as
+            # "unexpected pos 704 vs 598", while a Python stream keeps the OSError as the context.
+            with open(temporary, "wb") as stream:
+                torch.save(checkpoint, stream)
             # move_into_place fsyncs the finished file before it takes the name.
-            torch.save(checkpoint, temporary)
             move_into_place(temporary, target)
-        except BaseException:
+        except BaseException as error:
             temporary.unlink(missing_ok=True)
+            system_error = _os_error_behind(error)
+            if system_error is not None and system_error is not error:
+                raise OSError(
+                    system_error.errno, f"Writing the checkpoint {str(target)!r} failed: {system_error.strerror}"
+                ) from error
             raise
 
     def load_checkpoint(
@@ -54,3 +62,13 @@ class TorchCheckpointIO(CheckpointIO):
     @classmethod
     def can_read(cls, path: PathLike) -> bool:
         return Path(path).is_file()
+
+
+def _os_error_behind(error: BaseException) -> OSError | None:
+    """The operating system's error that ``error`` was raised while handling, if any."""
+    seen: BaseException | None = error
+    while seen is not None:
+        if isinstance(seen, OSError) and seen.errno is not None:
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None
