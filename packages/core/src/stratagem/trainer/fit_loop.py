@@ -1,7 +1,7 @@
 """The training loop: epochs of batches, optimizer steps through the strategy, validation at intervals.
 
-The per-batch path is kept short: what can be decided once (which hooks are overridden, whether
-gradients accumulate, which schedulers step per optimizer step) is decided before the loop.
+The per-batch path is kept short: what can be decided once (which hooks are overridden, who
+accumulates gradients and how, which schedulers step per optimizer step) is decided before the loop.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from stratagem.module import Module
+from stratagem.trainer.accumulation import accumulation_policy
 from stratagem.trainer.data import count_batches, set_epoch
 from stratagem.trainer.evaluation_loop import run_evaluation
 from stratagem.trainer.optimizers import step_schedulers
@@ -44,7 +45,7 @@ class FitLoop:
         self.num_batches = count_batches(train_loader, settings.limit_train_batches, "limit_train_batches")
         self.optimizers = list(trainer.optimizers)
         self.accumulate = settings.accumulate_grad_batches
-        self.strategy_accumulates = self.strategy.handles_gradient_accumulation
+        self.accumulation = accumulation_policy(self.strategy, self.accumulate, self.optimizers)
         self.backward_optimizer = self.optimizers[0] if len(self.optimizers) == 1 else None
         self.step_schedulers = [config for config in trainer.lr_scheduler_configs if config.interval == "step"]
         self.validation_enabled = bool(val_loaders) and settings.limit_val_batches != 0
@@ -230,21 +231,15 @@ class FitLoop:
         batch = strategy.batch_to_device(batch)
         accumulate = self.accumulate
         boundary = accumulate == 1 or (batch_idx + 1) % accumulate == 0 or batch_idx + 1 == self.num_batches
-        if accumulate > 1 and not self.strategy_accumulates:
-            with strategy.no_backward_sync(not boundary):
-                output, stepped_backward = self._forward_backward(batch, batch_idx)
-        else:
-            if self.strategy_accumulates:
-                strategy.set_accumulation_boundary(boundary)
+        with self.accumulation.micro_batch(boundary):
             output, stepped_backward = self._forward_backward(batch, batch_idx)
         progress.batches_in_epoch += 1
         progress.total_batches += 1
         if boundary:
             if self._window_has_grad:
                 self._optimizer_step()
-        elif stepped_backward and self.strategy_accumulates:
-            for optimizer in self.optimizers:
-                strategy.optimizer_step(optimizer)
+        elif stepped_backward:
+            self.accumulation.between_steps()
         for hook in self._batch_end_hooks:
             hook(trainer, module, output, batch, batch_idx)
         if self._module_batch_end:
@@ -261,9 +256,7 @@ class FitLoop:
         if loss is None:
             return output, False
         self.trainer._last_loss = loss.detach()
-        if self.accumulate > 1 and not self.strategy_accumulates:
-            loss = loss / self.accumulate
-        strategy.backward(loss, self.backward_optimizer)
+        strategy.backward(self.accumulation.scale_loss(loss), self.backward_optimizer)
         self._window_has_grad = True
         return output, True
 
