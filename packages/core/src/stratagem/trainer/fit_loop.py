@@ -24,6 +24,7 @@ from stratagem.trainer.progress import Throughput
 from stratagem.trainer.rng import capture_rng_state, loader_generators, restore_rng_state
 
 if TYPE_CHECKING:
+    from stratagem.trainer.run_context import RunContext
     from stratagem.trainer.trainer import Trainer
 
 
@@ -31,7 +32,12 @@ class FitLoop:
     """Runs one ``Trainer.fit`` in a worker, from the restored progress to ``max_steps``/``max_epochs``."""
 
     def __init__(
-        self, trainer: Trainer, module: Module, train_loader: Iterable[Any], val_loaders: list[Iterable[Any]]
+        self,
+        trainer: Trainer,
+        context: RunContext,
+        module: Module,
+        train_loader: Iterable[Any],
+        val_loaders: list[Iterable[Any]],
     ) -> None:
         settings = trainer.settings
         self.trainer = trainer
@@ -39,7 +45,9 @@ class FitLoop:
         self.strategy = trainer.strategy
         self.settings = settings
         self.progress = trainer.fit_progress
-        self.metrics = trainer._metrics
+        self.context = context
+        self.metrics = context.metrics
+        self.hooks = context.hooks
         self.train_loader = train_loader
         self.val_loaders = val_loaders
         self.num_batches = count_batches(train_loader, settings.limit_train_batches, "limit_train_batches")
@@ -55,7 +63,7 @@ class FitLoop:
         self._validation_interval: int | None = None
         self._validation_counts_globally = False
         self._validate_this_epoch = False
-        hooks = trainer._hooks
+        hooks = context.hooks
         self._batch_start_hooks = hooks.overriding("on_train_batch_start")
         self._batch_end_hooks = hooks.overriding("on_train_batch_end")
         self._module_batch_start = type(module).on_train_batch_start is not Module.on_train_batch_start
@@ -64,7 +72,7 @@ class FitLoop:
     # -- the whole fit --------------------------------------------------------------------------
 
     def run(self, checkpoint_rng: dict[str, Any] | None) -> None:
-        trainer, module, hooks = self.trainer, self.module, self.trainer._hooks
+        trainer, module, hooks = self.trainer, self.module, self.hooks
         trainer.num_training_batches = self.num_batches
         trainer.estimated_total_steps = self._estimated_total_steps()
         module.on_fit_start()
@@ -114,6 +122,7 @@ class FitLoop:
         try:
             run_evaluation(
                 trainer,
+                self.context,
                 self.module,
                 self.val_loaders,
                 "validation",
@@ -135,7 +144,7 @@ class FitLoop:
         self._plan_validation(progress.epoch)
         self.metrics.stage = "train_step"
         module.on_train_epoch_start()
-        trainer._hooks.call("on_train_epoch_start", trainer, module)
+        self.hooks.call("on_train_epoch_start", trainer, module)
         self._window_has_grad = False
         finished = True
         for batch_idx, batch in enumerate(batches, start=skip):
@@ -212,7 +221,7 @@ class FitLoop:
         step_schedulers(trainer.lr_scheduler_configs, "epoch", progress.epoch + 1, self.metrics.callback_metrics)
         self.metrics.stage = "train_epoch"
         module.on_train_epoch_end()
-        trainer._hooks.call("on_train_epoch_end", trainer, module)
+        self.hooks.call("on_train_epoch_end", trainer, module)
         logged.update(self.metrics.take_epoch_end_values())
         if logged:
             trainer.log_to_loggers(logged)
@@ -255,7 +264,7 @@ class FitLoop:
         loss = _loss_of(output)
         if loss is None:
             return output, False
-        self.trainer._last_loss = loss.detach()
+        self.context.last_loss = loss.detach()
         strategy.backward(self.accumulation.scale_loss(loss), self.backward_optimizer)
         self._window_has_grad = True
         return output, True
@@ -282,7 +291,9 @@ class FitLoop:
             self.trainer.log_to_loggers(metrics)
 
     def _validate(self) -> None:
-        run_evaluation(self.trainer, self.module, self.val_loaders, "validation", self.settings.limit_val_batches)
+        run_evaluation(
+            self.trainer, self.context, self.module, self.val_loaders, "validation", self.settings.limit_val_batches
+        )
 
 
 _EXHAUSTED = object()
