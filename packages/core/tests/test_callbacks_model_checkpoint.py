@@ -260,10 +260,6 @@ def test_state_is_restored_only_for_the_same_directory(tmp_path):
 class _DirectoryStrategy(SingleDeviceStrategy):
     """Saves a checkpoint as a directory with one file per entry, as sharded strategies save shards."""
 
-    @property
-    def checkpoint_is_directory(self) -> bool:
-        return True
-
     def save_checkpoint(self, path: PathLike, state):
         target = Path(path)
         temporary = temporary_sibling(target)

@@ -1,3 +1,4 @@
+import contextlib
 from typing import Any
 
 import pytest
@@ -7,7 +8,7 @@ from trainer_testing import ClassifierModule, make_loader, parameters_of, quiet_
 
 import stratagem
 from stratagem.callbacks import Callback
-from stratagem.strategies import SingleDeviceStrategy
+from stratagem.strategies import BackwardSyncControl, OwnsAccumulation, SingleDeviceStrategy
 
 
 def test_fit_trains_the_module_and_counts_steps_and_epochs(tmp_path):
@@ -72,18 +73,12 @@ def test_an_unfinished_accumulation_window_is_stepped_at_the_end_of_the_epoch(tm
     assert trainer.global_step == 4
 
 
-class _RecordingStrategy(SingleDeviceStrategy):
+class _CallRecorder(SingleDeviceStrategy):
     """Single device, recording the calls the loop makes."""
-
-    handles_gradient_accumulation = False
 
     def __init__(self) -> None:
         super().__init__()
         self.calls: list[str] = []
-
-    def no_backward_sync(self, enabled: bool) -> Any:
-        self.calls.append(f"no_sync={enabled}")
-        return super().no_backward_sync(enabled)
 
     def backward(self, loss: torch.Tensor, optimizer: Any) -> None:
         self.calls.append("backward")
@@ -102,9 +97,13 @@ class _RecordingStrategy(SingleDeviceStrategy):
         super().zero_grad(optimizer)
 
 
-class _CountingStrategy(_RecordingStrategy):
-    handles_gradient_accumulation = True
+class _RecordingStrategy(_CallRecorder, BackwardSyncControl):
+    def no_backward_sync(self, enabled: bool) -> Any:
+        self.calls.append(f"no_sync={enabled}")
+        return contextlib.nullcontext()
 
+
+class _CountingStrategy(_CallRecorder, OwnsAccumulation):
     def set_accumulation_boundary(self, is_boundary: bool) -> None:
         self.calls.append(f"boundary={is_boundary}")
 

@@ -8,7 +8,7 @@ import json
 import pytest
 
 import stratagem
-from stratagem.strategies import LoopSettings
+from stratagem.strategies import BackwardSyncControl, LoopSettings, OwnsAccumulation
 from stratagem_deepspeed import DeepSpeedStrategy
 from stratagem_deepspeed.config import CONFIG_PATH_VARIABLE, LIGHTNING_CONFIG_PATH_VARIABLE
 
@@ -218,11 +218,11 @@ def test_ds_accelerator_contradicting_the_run_is_refused(monkeypatch):
         resolve("deepspeed")
 
 
-def test_the_strategy_declares_that_its_engine_owns_accumulation_one_optimizer_and_directory_checkpoints():
+def test_the_strategy_declares_that_its_engine_owns_accumulation_and_one_optimizer():
     strategy = resolve("deepspeed_stage_3")
-    assert type(strategy).handles_gradient_accumulation is True
+    assert isinstance(strategy, OwnsAccumulation)
+    assert not isinstance(strategy, BackwardSyncControl)
     assert type(strategy).max_optimizers == 1
-    assert strategy.checkpoint_is_directory is True
     assert strategy.distributed_sampler_kwargs == {"num_replicas": 2, "rank": 0}
 
 

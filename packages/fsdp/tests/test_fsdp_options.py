@@ -14,6 +14,7 @@ from torch.distributed.fsdp.wrap import ModuleWrapPolicy, size_based_auto_wrap_p
 import stratagem
 from stratagem import registry
 from stratagem.precision import MixedPrecision, Precision
+from stratagem.strategies import BackwardSyncControl
 from stratagem_fsdp import FSDPStrategy
 from stratagem_fsdp.optimizer_state import to_index_keyed, to_name_keyed
 from stratagem_fsdp.options import ModuleSelector, ShardingLayout, mixed_precision_policy, sharding_layout
@@ -51,7 +52,7 @@ def test_fsdp_resolves_on_cpu_with_two_processes_and_a_launcher():
     strategy = stratagem.resolve(strategy="fsdp", accelerator="cpu", devices=2)
     assert isinstance(strategy, FSDPStrategy)
     assert strategy.world_size == 2
-    assert strategy.checkpoint_is_directory
+    assert isinstance(strategy, BackwardSyncControl)
     assert strategy.distributed_sampler_kwargs == {"num_replicas": 2, "rank": 0}
     assert not stratagem.resolve(strategy="fsdp_spawn", accelerator="cpu", devices=2).launcher.caller_is_worker
 

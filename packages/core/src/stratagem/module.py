@@ -15,6 +15,7 @@ from stratagem.module_loading import HyperParameters, init_arguments, load_modul
 
 if TYPE_CHECKING:
     from stratagem.trainer.metrics import ReduceFx
+    from stratagem.trainer.run_context import RunContext
     from stratagem.trainer.trainer import Trainer
 
 ModuleT = TypeVar("ModuleT", bound="Module")
@@ -30,6 +31,7 @@ class Module(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self._trainer: Trainer | None = None
+        self._run_context: RunContext | None = None
         self._hparams = HyperParameters()
 
     # -- the run this module is part of -----------------------------------------------------
@@ -44,6 +46,12 @@ class Module(nn.Module):
     @trainer.setter
     def trainer(self, trainer: Trainer | None) -> None:
         self._trainer = trainer
+        self._run_context = None
+
+    def _attach_run(self, trainer: Trainer, context: RunContext) -> None:
+        """Called by the Trainer when this module joins a run: :meth:`log` records into ``context``."""
+        self._trainer = trainer
+        self._run_context = context
 
     @property
     def device(self) -> torch.device:
@@ -64,6 +72,7 @@ class Module(nn.Module):
         # (torch.save(module), deepcopy) would drag the whole run with it.
         state = self.__dict__.copy()
         state["_trainer"] = None
+        state["_run_context"] = None
         return state
 
     # -- hyperparameters and checkpoints -----------------------------------------------------
@@ -251,13 +260,13 @@ class Module(nn.Module):
         for epoch values). ``torch.mean``/``sum``/``max``/``min`` are accepted for ``reduce_fx``
         as well.
         """
-        if self._trainer is None:
+        if self._run_context is None:
             warnings.warn(
                 f"{type(self).__name__}.log({name!r}) was called outside a Trainer run; the value is dropped.",
                 stacklevel=2,
             )
             return
-        self._trainer._metrics.log(
+        self._run_context.metrics.log(
             name,
             value,
             prog_bar=prog_bar,

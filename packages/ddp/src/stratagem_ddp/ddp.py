@@ -17,7 +17,7 @@ from stratagem.accelerators import Accelerator
 from stratagem.checkpoint_io import CheckpointIO
 from stratagem.environments.cluster_environment import ClusterEnvironment
 from stratagem.precision import Precision
-from stratagem.strategies import LoopSettings, ParallelStrategy
+from stratagem.strategies import BackwardSyncControl, LoopSettings, ParallelStrategy
 from stratagem.strategies.parallel import DEFAULT_TIMEOUT
 from stratagem_ddp.comm_hooks import (
     CommHook,
@@ -29,7 +29,7 @@ from stratagem_ddp.comm_hooks import (
 )
 
 
-class DDPStrategy(ParallelStrategy):
+class DDPStrategy(ParallelStrategy, BackwardSyncControl):
     """Data-parallel training with one process per device and DDP's bucketed gradient all-reduce.
 
     Options, beyond those of :class:`~stratagem.strategies.ParallelStrategy`:

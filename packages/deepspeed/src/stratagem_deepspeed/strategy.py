@@ -20,7 +20,7 @@ from stratagem.accelerators import Accelerator
 from stratagem.checkpoint_io import CheckpointIO, PathLike, move_into_place, temporary_sibling
 from stratagem.environments.cluster_environment import ClusterEnvironment
 from stratagem.precision import Precision
-from stratagem.strategies import LoopSettings, ParallelStrategy, skip_parameter_init
+from stratagem.strategies import LoopSettings, OwnsAccumulation, ParallelStrategy, skip_parameter_init
 from stratagem.strategies.parallel import DEFAULT_TIMEOUT
 from stratagem_deepspeed import checkpoint_layout as layout
 from stratagem_deepspeed.activation_checkpointing import (
@@ -44,7 +44,7 @@ if TYPE_CHECKING:
     from deepspeed import DeepSpeedEngine
 
 
-class DeepSpeedStrategy(ParallelStrategy):
+class DeepSpeedStrategy(ParallelStrategy, OwnsAccumulation):
     """Data parallelism through DeepSpeed's engine: ZeRO stage 1 shards optimizer state, stage 2
     also gradients, stage 3 also parameters (built sharded in ``configure_model``); each can
     offload to CPU memory or NVMe.
@@ -79,7 +79,6 @@ class DeepSpeedStrategy(ParallelStrategy):
             Lightning writes them to (see ``stratagem_deepspeed.lightning_options``).
     """
 
-    handles_gradient_accumulation: ClassVar[bool] = True
     max_optimizers: ClassVar[int | None] = 1
     max_lr_schedulers: ClassVar[int | None] = 1
 
@@ -239,10 +238,6 @@ class DeepSpeedStrategy(ParallelStrategy):
             "layout), so a checkpoint IO would never be called to save. Leave it out of plugins= and the strategy's "
             "checkpoint_io=; the directories it writes load into any strategy."
         )
-
-    @property
-    def checkpoint_is_directory(self) -> bool:
-        return True
 
     # -- lifecycle (in every worker) ------------------------------------------------------------
 

@@ -30,7 +30,7 @@ from stratagem.accelerators import Accelerator
 from stratagem.checkpoint_io import CheckpointError, CheckpointIO, PathLike, read_full_checkpoint
 from stratagem.environments.cluster_environment import ClusterEnvironment
 from stratagem.precision import Precision
-from stratagem.strategies import ParallelStrategy
+from stratagem.strategies import BackwardSyncControl, ParallelStrategy
 from stratagem.strategies.parallel import DEFAULT_TIMEOUT
 from stratagem_fsdp.checkpoint_io import DistributedCheckpointIO
 from stratagem_fsdp.materialize import has_meta_tensors, materialize
@@ -64,7 +64,7 @@ from stratagem_fsdp.wrapping import (
 _FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
 
 
-class FSDPStrategy(ParallelStrategy):
+class FSDPStrategy(ParallelStrategy, BackwardSyncControl):
     """Shards parameters, gradients and optimizer state over the ranks with PyTorch's ``fully_shard`` (FSDP2).
 
     Runs on CPU (gloo) and CUDA (nccl). Options:
@@ -134,10 +134,6 @@ class FSDPStrategy(ParallelStrategy):
             self.sharding_strategy, self.num_processes * self.num_nodes, self.num_nodes, self._device_mesh_shape
         )
         self._offload_policy = offload_policy(self.cpu_offload, self.accelerator.device_type)
-
-    @property
-    def checkpoint_is_directory(self) -> bool:
-        return self.state_dict_type == "sharded"
 
     @property
     def checkpoint_io(self) -> CheckpointIO:

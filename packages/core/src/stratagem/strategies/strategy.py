@@ -19,6 +19,7 @@ from stratagem.environments.cluster_environment import ClusterEnvironment
 from stratagem.launchers import Launcher
 from stratagem.precision import Precision
 from stratagem.strategies._forward_redirect import call_through_forward
+from stratagem.strategies.capabilities import adopt_legacy_capabilities
 from stratagem.strategies.init_contexts import skip_parameter_init
 
 ReduceOp = Literal["sum", "mean", "max", "min"]
@@ -40,13 +41,14 @@ class Strategy(ABC):
     """How one training run is distributed. Created by the connector, driven by the Trainer.
 
     What differs between backends is declared here as class attributes or answered by a
-    method, so that callers never test a strategy's name or type.
+    method, so that callers never test a strategy's name or type. Optional abilities (skipping
+    gradient sync while accumulating, an engine that owns accumulation) are opt-in interfaces in
+    :mod:`stratagem.strategies.capabilities`, which a strategy subclasses beside this class.
     """
 
-    handles_gradient_accumulation: ClassVar[bool] = False
-    """True when the strategy accumulates gradients itself (e.g. an engine that counts
-    micro-batches). The Trainer then calls :meth:`backward` and :meth:`optimizer_step` on
-    every batch and leaves the counting to the strategy."""
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        adopt_legacy_capabilities(cls)
 
     max_optimizers: ClassVar[int | None] = None
     """How many optimizers :meth:`setup_optimizers` accepts; ``None`` means no limit."""
@@ -147,11 +149,6 @@ class Strategy(ABC):
         return None
 
     @property
-    def checkpoint_is_directory(self) -> bool:
-        """Whether :meth:`save_checkpoint` writes a directory (shards) rather than one file."""
-        return False
-
-    @property
     def distributed_sampler_kwargs(self) -> dict[str, int] | None:
         """``num_replicas``/``rank`` for a DistributedSampler, or ``None`` when data is not split."""
         return None
@@ -236,11 +233,6 @@ class Strategy(ABC):
                 f"configure_optimizers returned {len(schedulers)}."
             )
 
-    def set_accumulation_boundary(self, is_boundary: bool) -> None:
-        """Told before each training batch's backward when :attr:`handles_gradient_accumulation` is set:
-        whether the step after this batch ends an accumulation window. Windows are cut short at the end
-        of an epoch, which a strategy counting micro-batches itself cannot know."""
-
     @property
     def module(self) -> nn.Module:
         """The user's module (unwrapped)."""
@@ -282,10 +274,6 @@ class Strategy(ABC):
             return torch.nn.utils.clip_grad_norm_(params, clip_val)
         torch.nn.utils.clip_grad_value_(params, clip_val)
         return None
-
-    def no_backward_sync(self, enabled: bool) -> contextlib.AbstractContextManager[Any]:
-        """Context that skips gradient synchronisation (for accumulation) when ``enabled``."""
-        return contextlib.nullcontext()
 
     def batch_to_device(self, batch: Any) -> Any:
         """Move a batch to :attr:`root_device` and the precision's input dtype."""

@@ -29,7 +29,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from stratagem import registry
 from stratagem.callbacks import Callback
 from stratagem.module import Module
-from stratagem.strategies import Strategy
+from stratagem.strategies import OwnsAccumulation, Strategy
 from stratagem.trainer import Trainer
 
 FEATURES = 8
@@ -270,7 +270,7 @@ def run_checks(settings: Settings, workdir: Path) -> dict[str, dict[str, Any]]:
     def resolves() -> str:
         resolved = trainer().strategy
         state["exact"] = bool(resolved.precision.exact)
-        state["handles_accumulation"] = resolved.handles_gradient_accumulation
+        state["handles_accumulation"] = isinstance(resolved, OwnsAccumulation)
         return (
             f"{type(resolved).__name__} with launcher {type(resolved.launcher).__name__}; precision "
             f"{resolved.precision.name!r} is {'exact' if state['exact'] else 'not exact (Precision.exact=False)'}"

@@ -12,6 +12,7 @@ from stratagem.trainer.rng import isolated_rng
 
 if TYPE_CHECKING:
     from stratagem.module import Module
+    from stratagem.trainer.run_context import RunContext
     from stratagem.trainer.trainer import Trainer
 
 EvaluationKind = Literal["validation", "test"]
@@ -19,6 +20,7 @@ EvaluationKind = Literal["validation", "test"]
 
 def run_evaluation(
     trainer: Trainer,
+    context: RunContext,
     module: Module,
     loaders: list[Iterable[Any]],
     kind: EvaluationKind,
@@ -32,8 +34,8 @@ def run_evaluation(
     (the sanity check).
     """
     strategy = trainer.strategy
-    metrics = trainer._metrics
-    hooks = trainer._hooks
+    metrics = context.metrics
+    hooks = context.hooks
     step_name = f"{kind}_step"
     argument = f"limit_{'val' if kind == 'validation' else 'test'}_batches"
     was_training = module.training

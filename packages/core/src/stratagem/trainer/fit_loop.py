@@ -1,7 +1,7 @@
 """The training loop: epochs of batches, optimizer steps through the strategy, validation at intervals.
 
-The per-batch path is kept short: what can be decided once (which hooks are overridden, whether
-gradients accumulate, which schedulers step per optimizer step) is decided before the loop.
+The per-batch path is kept short: what can be decided once (which hooks are overridden, who
+accumulates gradients and how, which schedulers step per optimizer step) is decided before the loop.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from stratagem.module import Module
+from stratagem.trainer.accumulation import accumulation_policy
 from stratagem.trainer.data import count_batches, set_epoch
 from stratagem.trainer.evaluation_loop import run_evaluation
 from stratagem.trainer.optimizers import step_schedulers
@@ -23,6 +24,7 @@ from stratagem.trainer.progress import Throughput
 from stratagem.trainer.rng import capture_rng_state, loader_generators, restore_rng_state
 
 if TYPE_CHECKING:
+    from stratagem.trainer.run_context import RunContext
     from stratagem.trainer.trainer import Trainer
 
 
@@ -30,7 +32,12 @@ class FitLoop:
     """Runs one ``Trainer.fit`` in a worker, from the restored progress to ``max_steps``/``max_epochs``."""
 
     def __init__(
-        self, trainer: Trainer, module: Module, train_loader: Iterable[Any], val_loaders: list[Iterable[Any]]
+        self,
+        trainer: Trainer,
+        context: RunContext,
+        module: Module,
+        train_loader: Iterable[Any],
+        val_loaders: list[Iterable[Any]],
     ) -> None:
         settings = trainer.settings
         self.trainer = trainer
@@ -38,13 +45,15 @@ class FitLoop:
         self.strategy = trainer.strategy
         self.settings = settings
         self.progress = trainer.fit_progress
-        self.metrics = trainer._metrics
+        self.context = context
+        self.metrics = context.metrics
+        self.hooks = context.hooks
         self.train_loader = train_loader
         self.val_loaders = val_loaders
         self.num_batches = count_batches(train_loader, settings.limit_train_batches, "limit_train_batches")
         self.optimizers = list(trainer.optimizers)
         self.accumulate = settings.accumulate_grad_batches
-        self.strategy_accumulates = self.strategy.handles_gradient_accumulation
+        self.accumulation = accumulation_policy(self.strategy, self.accumulate, self.optimizers)
         self.backward_optimizer = self.optimizers[0] if len(self.optimizers) == 1 else None
         self.step_schedulers = [config for config in trainer.lr_scheduler_configs if config.interval == "step"]
         self.validation_enabled = bool(val_loaders) and settings.limit_val_batches != 0
@@ -54,7 +63,7 @@ class FitLoop:
         self._validation_interval: int | None = None
         self._validation_counts_globally = False
         self._validate_this_epoch = False
-        hooks = trainer._hooks
+        hooks = context.hooks
         self._batch_start_hooks = hooks.overriding("on_train_batch_start")
         self._batch_end_hooks = hooks.overriding("on_train_batch_end")
         self._module_batch_start = type(module).on_train_batch_start is not Module.on_train_batch_start
@@ -63,7 +72,7 @@ class FitLoop:
     # -- the whole fit --------------------------------------------------------------------------
 
     def run(self, checkpoint_rng: dict[str, Any] | None) -> None:
-        trainer, module, hooks = self.trainer, self.module, self.trainer._hooks
+        trainer, module, hooks = self.trainer, self.module, self.hooks
         trainer.num_training_batches = self.num_batches
         trainer.estimated_total_steps = self._estimated_total_steps()
         module.on_fit_start()
@@ -113,6 +122,7 @@ class FitLoop:
         try:
             run_evaluation(
                 trainer,
+                self.context,
                 self.module,
                 self.val_loaders,
                 "validation",
@@ -134,7 +144,7 @@ class FitLoop:
         self._plan_validation(progress.epoch)
         self.metrics.stage = "train_step"
         module.on_train_epoch_start()
-        trainer._hooks.call("on_train_epoch_start", trainer, module)
+        self.hooks.call("on_train_epoch_start", trainer, module)
         self._window_has_grad = False
         finished = True
         for batch_idx, batch in enumerate(batches, start=skip):
@@ -211,7 +221,7 @@ class FitLoop:
         step_schedulers(trainer.lr_scheduler_configs, "epoch", progress.epoch + 1, self.metrics.callback_metrics)
         self.metrics.stage = "train_epoch"
         module.on_train_epoch_end()
-        trainer._hooks.call("on_train_epoch_end", trainer, module)
+        self.hooks.call("on_train_epoch_end", trainer, module)
         logged.update(self.metrics.take_epoch_end_values())
         if logged:
             trainer.log_to_loggers(logged)
@@ -230,21 +240,15 @@ class FitLoop:
         batch = strategy.batch_to_device(batch)
         accumulate = self.accumulate
         boundary = accumulate == 1 or (batch_idx + 1) % accumulate == 0 or batch_idx + 1 == self.num_batches
-        if accumulate > 1 and not self.strategy_accumulates:
-            with strategy.no_backward_sync(not boundary):
-                output, stepped_backward = self._forward_backward(batch, batch_idx)
-        else:
-            if self.strategy_accumulates:
-                strategy.set_accumulation_boundary(boundary)
+        with self.accumulation.micro_batch(boundary):
             output, stepped_backward = self._forward_backward(batch, batch_idx)
         progress.batches_in_epoch += 1
         progress.total_batches += 1
         if boundary:
             if self._window_has_grad:
                 self._optimizer_step()
-        elif stepped_backward and self.strategy_accumulates:
-            for optimizer in self.optimizers:
-                strategy.optimizer_step(optimizer)
+        elif stepped_backward:
+            self.accumulation.between_steps()
         for hook in self._batch_end_hooks:
             hook(trainer, module, output, batch, batch_idx)
         if self._module_batch_end:
@@ -260,10 +264,8 @@ class FitLoop:
         loss = _loss_of(output)
         if loss is None:
             return output, False
-        self.trainer._last_loss = loss.detach()
-        if self.accumulate > 1 and not self.strategy_accumulates:
-            loss = loss / self.accumulate
-        strategy.backward(loss, self.backward_optimizer)
+        self.context.last_loss = loss.detach()
+        strategy.backward(self.accumulation.scale_loss(loss), self.backward_optimizer)
         self._window_has_grad = True
         return output, True
 
@@ -289,7 +291,9 @@ class FitLoop:
             self.trainer.log_to_loggers(metrics)
 
     def _validate(self) -> None:
-        run_evaluation(self.trainer, self.module, self.val_loaders, "validation", self.settings.limit_val_batches)
+        run_evaluation(
+            self.trainer, self.context, self.module, self.val_loaders, "validation", self.settings.limit_val_batches
+        )
 
 
 _EXHAUSTED = object()

@@ -11,16 +11,19 @@ from stratagem.trainer.data import count_batches, limited
 
 if TYPE_CHECKING:
     from stratagem.module import Module
+    from stratagem.trainer.run_context import RunContext
     from stratagem.trainer.trainer import Trainer
 
 
-def run_prediction(trainer: Trainer, module: Module, loaders: list[Iterable[Any]], limit: int | float) -> Any:
+def run_prediction(
+    trainer: Trainer, context: RunContext, module: Module, loaders: list[Iterable[Any]], limit: int | float
+) -> Any:
     """This rank's predictions: a list with one entry per batch, or a list of such lists with several
     dataloaders. With a strategy that splits data, each rank predicts its own share."""
     strategy = trainer.strategy
-    hooks = trainer._hooks
+    hooks = context.hooks
     module.eval()
-    trainer._metrics.stage = "predict"
+    context.metrics.stage = "predict"
     hooks.call("on_predict_start", trainer, module)
     module.on_predict_epoch_start()
     batch_end_hooks = hooks.overriding("on_predict_batch_end")

@@ -22,17 +22,16 @@ from stratagem.loggers.csv_logger import CSVLogger
 from stratagem.loggers.logger import Logger
 from stratagem.module import Module
 from stratagem.strategies import LoopSettings, Strategy
-from stratagem.trainer.callback_hooks import CallbackHooks
 from stratagem.trainer.checkpointing import build_checkpoint, resolve_ckpt_path, restore_fit, restore_weights
 from stratagem.trainer.data import as_loader_list, check_splittable, with_distributed_sampler
 from stratagem.trainer.evaluation_loop import EvaluationKind, run_evaluation
 from stratagem.trainer.fit_loop import FitLoop
 from stratagem.trainer.lightning_hooks import check_lightning_hooks
-from stratagem.trainer.metrics import LoggedMetrics
 from stratagem.trainer.optimizers import SchedulerConfig, configured_optimizers
 from stratagem.trainer.predict_loop import run_prediction
 from stratagem.trainer.progress import FitProgress, Throughput
 from stratagem.trainer.rng import seed_everything
+from stratagem.trainer.run_context import RunContext
 from stratagem.trainer.settings import parse_settings
 from stratagem.trainer.worker_output import WorkerOutput
 
@@ -146,21 +145,21 @@ class Trainer:
         self.num_training_batches: int | None = None
         self.estimated_total_steps: int | None = None
         self.epoch_start_state: dict[str, Any] | None = None
-        self._metrics = LoggedMetrics()
-        self._hooks = CallbackHooks(self.callbacks)
         self._module: Module | None = None
-        self._last_loss: torch.Tensor | None = None
+        self._context = RunContext.for_callbacks(self.callbacks)
 
     def __getstate__(self) -> dict[str, Any]:
         # What a spawned worker needs is the configuration; the live objects of a previous run
         # stay here (the module travels as its own argument).
         state = self.__dict__.copy()
-        state.update(_hooks=None, _module=None, optimizers=[], lr_scheduler_configs=[], _last_loss=None)
+        state.update(_context=None, _module=None, optimizers=[], lr_scheduler_configs=[])
+        state["_logged_metrics"] = self._context.metrics
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
+        metrics = state.pop("_logged_metrics")
         self.__dict__.update(state)
-        self._hooks = CallbackHooks(self.callbacks)
+        self._context = RunContext.for_callbacks(self.callbacks, metrics)
 
     # -- what users read ------------------------------------------------------------------------
 
@@ -186,13 +185,14 @@ class Trainer:
     @property
     def callback_metrics(self) -> dict[str, torch.Tensor]:
         """The latest value of every logged metric (step values and epoch aggregates)."""
-        return self._metrics.callback_metrics
+        return self._context.metrics.callback_metrics
 
     @property
     def progress_bar_metrics(self) -> dict[str, float]:
         """``loss`` and the metrics logged with ``prog_bar=True``, as floats (reading them syncs the device)."""
-        metrics = {"loss": float(self._last_loss)} if self._last_loss is not None else {}
-        metrics.update(self._metrics.progress_bar_metrics())
+        last_loss = self._context.last_loss
+        metrics = {"loss": float(last_loss)} if last_loss is not None else {}
+        metrics.update(self._context.metrics.progress_bar_metrics())
         return metrics
 
     @property
@@ -308,7 +308,7 @@ class Trainer:
             )
         checkpoint = build_checkpoint(self, module)
         module.on_save_checkpoint(checkpoint)
-        self._hooks.call("on_save_checkpoint", self, module, checkpoint)
+        self._context.hooks.call("on_save_checkpoint", self, module, checkpoint)
         self.strategy.save_checkpoint(path, checkpoint)
 
     @contextlib.contextmanager
@@ -353,7 +353,7 @@ class Trainer:
             # Known here when given to fit(): a strategy that must agree with it errs before any process starts.
             self._connect_train_batch_size(loaders[0])
         check_lightning_hooks(module)
-        module.trainer = self
+        module._attach_run(self, self._context)
         launcher = self.strategy.launcher
         # Decided here, in the caller: inside a started worker the strategy sees ranks that already
         # exist and would pick an in-place launcher, which says nothing about who called.
@@ -362,7 +362,7 @@ class Trainer:
             self._run_in_worker, stage, module, loaders, checkpoint, weights_only, returns_to_caller
         )
         if returns_to_caller:
-            output.apply(self, module)
+            output.apply(self, self._context, module)
         return output
 
     # -- in every worker ------------------------------------------------------------------------
@@ -377,9 +377,9 @@ class Trainer:
         returns_to_caller: bool,
     ) -> WorkerOutput:
         strategy = self.strategy
-        module.trainer = self
+        module._attach_run(self, self._context)
         self._module = module
-        self._metrics.strategy = strategy
+        self._context.metrics.strategy = strategy
         self.stage = stage
         self.should_stop = False
         deterministic_before = torch.are_deterministic_algorithms_enabled()
@@ -407,7 +407,7 @@ class Trainer:
                 self.optimizers = strategy.setup_optimizers(setup.optimizers)
                 strategy.check_lr_schedulers([config.scheduler for config in setup.schedulers])
                 self.lr_scheduler_configs = setup.schedulers
-            self._hooks.call("setup", self, module, stage)
+            self._context.hooks.call("setup", self, module, stage)
             results: list[dict[str, float]] = []
             predictions = None
             if stage == "fit":
@@ -417,21 +417,21 @@ class Trainer:
                     restore_weights(self, module, checkpoint, weights_only)
                 data = self._loaders(module, stage, loaders[0], required=True)
                 if stage == "predict":
-                    predictions = run_prediction(self, module, data, self.settings.limit_predict_batches)
+                    predictions = run_prediction(self, self._context, module, data, self.settings.limit_predict_batches)
                 else:
                     results = self._evaluate(module, stage, data)
-            output = WorkerOutput.collect(self, results, predictions, returns_to_caller)
+            output = WorkerOutput.collect(self, self._context, results, predictions, returns_to_caller)
             status = "success"
             return output
         except BaseException as exception:
-            self._hooks.call("on_exception", self, module, exception)
+            self._context.hooks.call("on_exception", self, module, exception)
             raise
         finally:
-            self._metrics.stage = None
-            self._metrics.batch = None
+            self._context.metrics.stage = None
+            self._context.metrics.batch = None
             self.stage = None
             try:
-                self._hooks.call("teardown", self, module, stage)
+                self._context.hooks.call("teardown", self, module, stage)
                 if self.is_global_zero:
                     for logger in self.loggers:
                         logger.finalize(status)
@@ -451,7 +451,7 @@ class Trainer:
         checkpoint_rng = None
         if checkpoint is not None:
             checkpoint_rng = restore_fit(self, module, checkpoint, weights_only).get("rng")
-        FitLoop(self, module, train, val).run(checkpoint_rng)
+        FitLoop(self, self._context, module, train, val).run(checkpoint_rng)
 
     def _connect_train_batch_size(self, train: list[Iterable[Any]]) -> None:
         size = getattr(train[0], "batch_size", None) if len(train) == 1 else None
@@ -462,7 +462,7 @@ class Trainer:
     def _evaluate(self, module: Module, stage: RunStage, loaders: list[Iterable[Any]]) -> list[dict[str, float]]:
         kind: EvaluationKind = "validation" if stage == "validate" else "test"
         limit = self.settings.limit_val_batches if kind == "validation" else self.settings.limit_test_batches
-        return run_evaluation(self, module, loaders, kind, limit)
+        return run_evaluation(self, self._context, module, loaders, kind, limit)
 
     def _loaders(
         self, module: Module, stage: RunStage, given: list[Iterable[Any]], required: bool

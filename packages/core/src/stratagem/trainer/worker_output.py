@@ -12,6 +12,7 @@ from stratagem.trainer.progress import Throughput
 
 if TYPE_CHECKING:
     from stratagem.module import Module
+    from stratagem.trainer.run_context import RunContext
     from stratagem.trainer.trainer import Trainer
 
 
@@ -31,7 +32,12 @@ class WorkerOutput:
 
     @classmethod
     def collect(
-        cls, trainer: Trainer, results: list[dict[str, float]], predictions: Any, returns_to_caller: bool
+        cls,
+        trainer: Trainer,
+        context: RunContext,
+        results: list[dict[str, float]],
+        predictions: Any,
+        returns_to_caller: bool,
     ) -> WorkerOutput:
         """Gather the outcome. Call on every rank: sharded strategies gather the weights collectively."""
         if not returns_to_caller:
@@ -40,7 +46,7 @@ class WorkerOutput:
         return cls(
             results=results,
             predictions=tree_map(_to_cpu, predictions),
-            callback_metrics=trainer._metrics.cpu_metrics(),
+            callback_metrics=context.metrics.cpu_metrics(),
             last_evaluation_metrics=dict(trainer.last_evaluation_metrics),
             fit_progress=trainer.fit_progress.state_dict(),
             callback_states={callback.state_key: callback.state_dict() for callback in trainer.callbacks},
@@ -49,9 +55,9 @@ class WorkerOutput:
             module_state=trainer.strategy.module_full_state_dict(),
         )
 
-    def apply(self, trainer: Trainer, module: Module) -> None:
+    def apply(self, trainer: Trainer, context: RunContext, module: Module) -> None:
         """Make the caller's trainer and module look as they would had the run happened here."""
-        trainer._metrics.callback_metrics = dict(self.callback_metrics)
+        context.metrics.callback_metrics = dict(self.callback_metrics)
         trainer.last_evaluation_metrics = dict(self.last_evaluation_metrics)
         trainer.fit_progress.load_state_dict(self.fit_progress)
         trainer.throughput = self.throughput

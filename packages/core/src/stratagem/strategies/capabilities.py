@@ -1,0 +1,78 @@
+"""Optional abilities of a strategy, each a small interface a strategy opts into by subclassing it.
+
+The Trainer asks ``isinstance(strategy, <ability>)`` once, when a run starts, and picks the code
+path that fits (see :mod:`stratagem.trainer.accumulation`); a strategy that lacks an ability is
+never called for it. All methods here run in every worker, during a run, with the process group
+live.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from abc import ABC, abstractmethod
+from typing import Any
+
+
+class BackwardSyncControl(ABC):
+    """A strategy whose backward synchronises gradients across ranks, and that can skip it.
+
+    With ``accumulate_grad_batches > 1`` the Trainer accumulates: it divides each micro-batch's loss
+    by the number of micro-batches, runs :meth:`no_backward_sync` around the forward and backward of
+    every micro-batch, and steps the optimizers on the last one. Without this ability gradients are
+    synchronised on every micro-batch (correct, only slower).
+    """
+
+    @abstractmethod
+    def no_backward_sync(self, enabled: bool) -> contextlib.AbstractContextManager[Any]:
+        """Context for one micro-batch's forward and backward: skips gradient synchronisation when
+        ``enabled`` (not the last micro-batch of a window), synchronises as usual otherwise."""
+
+
+class OwnsAccumulation(ABC):
+    """A strategy whose engine accumulates gradients and decides when the optimizer really steps.
+
+    The Trainer then leaves the loss unscaled, and on every micro-batch calls
+    :meth:`set_accumulation_boundary`, then ``backward`` and ``optimizer_step`` (the engine steps,
+    clips and zeroes only on the boundary); on the boundary it also calls ``clip_gradients`` and
+    ``zero_grad`` and counts one optimizer step.
+    """
+
+    @abstractmethod
+    def set_accumulation_boundary(self, is_boundary: bool) -> None:
+        """Told before each training micro-batch's forward: whether the step after it ends an
+        accumulation window. Windows are cut short at the end of an epoch, which an engine counting
+        micro-batches itself cannot know."""
+
+
+def adopt_legacy_capabilities(cls: type) -> None:
+    """Give a strategy class written against stratagem 0.1 the abilities its members declare.
+
+    0.1 declared accumulation by the class attribute ``handles_gradient_accumulation = True`` plus a
+    ``set_accumulation_boundary`` override, and gradient-sync control by overriding
+    ``no_backward_sync``. Such a class is registered as :class:`OwnsAccumulation` or
+    :class:`BackwardSyncControl` with a ``DeprecationWarning`` saying what to subclass instead; a class
+    that sets the flag without the method it needs is refused with a ``TypeError``.
+    """
+    if cls.__dict__.get("handles_gradient_accumulation") is True and not issubclass(cls, OwnsAccumulation):
+        if not callable(getattr(cls, "set_accumulation_boundary", None)):
+            raise TypeError(
+                f"{cls.__qualname__} sets handles_gradient_accumulation = True but defines no "
+                "set_accumulation_boundary(is_boundary). The flag is gone: subclass "
+                "stratagem.strategies.OwnsAccumulation and implement set_accumulation_boundary, which the "
+                "Trainer calls before every micro-batch."
+            )
+        OwnsAccumulation.register(cls)
+        _warn_legacy(cls, "handles_gradient_accumulation = True", "OwnsAccumulation")
+    if "no_backward_sync" in cls.__dict__ and not issubclass(cls, BackwardSyncControl):
+        BackwardSyncControl.register(cls)
+        _warn_legacy(cls, "a no_backward_sync override", "BackwardSyncControl")
+
+
+def _warn_legacy(cls: type, declared: str, ability: str) -> None:
+    warnings.warn(
+        f"{cls.__qualname__} declares {declared}, stratagem 0.1's way; it is treated as "
+        f"stratagem.strategies.{ability}. Subclass {ability} instead (see docs/writing-a-strategy.md).",
+        DeprecationWarning,
+        stacklevel=5,
+    )

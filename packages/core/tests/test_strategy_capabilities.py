@@ -1,0 +1,205 @@
+"""Optional strategy abilities: chosen once per fit as an accumulation policy, never branched on per batch."""
+
+import ast
+import contextlib
+import inspect
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from trainer_testing import ClassifierModule, make_loader, quiet_trainer
+
+import stratagem.trainer.accumulation as accumulation_module
+import stratagem.trainer.fit_loop as fit_loop_module
+from stratagem.strategies import BackwardSyncControl, OwnsAccumulation, SingleDeviceStrategy, Strategy
+from stratagem.trainer.accumulation import EngineAccumulation, TrainerAccumulation, accumulation_policy
+
+CAPABILITY_NAMES = {
+    "BackwardSyncControl",
+    "OwnsAccumulation",
+    "handles_gradient_accumulation",
+    "no_backward_sync",
+    "set_accumulation_boundary",
+}
+
+
+def _names_in(tree: ast.AST) -> set[str]:
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name):
+            found.add(node.id)
+        elif isinstance(node, ast.Attribute):
+            found.add(node.attr)
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            found.add(node.value)
+    return found
+
+
+def test_the_fit_loop_never_refers_to_a_capability():
+    tree = ast.parse(Path(inspect.getfile(fit_loop_module)).read_text())
+    assert _names_in(tree) & CAPABILITY_NAMES == set()
+    isinstance_arguments = {
+        name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "isinstance"
+        for name in _names_in(node.args[1])
+    }
+    assert not isinstance_arguments & {"Strategy", "BackwardSyncControl", "OwnsAccumulation"}
+
+
+def test_abilities_are_looked_at_only_where_the_accumulation_policy_is_chosen():
+    tree = ast.parse(Path(inspect.getfile(accumulation_module)).read_text())
+    for function in ast.walk(tree):
+        if not isinstance(function, ast.FunctionDef) or function.name == "accumulation_policy":
+            continue
+        assert (
+            _names_in(function) & {"BackwardSyncControl", "OwnsAccumulation", "handles_gradient_accumulation"} == set()
+        )
+
+
+def test_the_strategy_base_class_has_no_do_nothing_capability_defaults():
+    for name in ("no_backward_sync", "set_accumulation_boundary", "handles_gradient_accumulation"):
+        assert not hasattr(Strategy, name), name
+    assert not hasattr(Strategy, "checkpoint_is_directory")
+
+
+class _SyncControlled(SingleDeviceStrategy, BackwardSyncControl):
+    def __init__(self) -> None:
+        super().__init__()
+        self.skipped: list[bool] = []
+
+    def no_backward_sync(self, enabled: bool) -> Any:
+        self.skipped.append(enabled)
+        return contextlib.nullcontext()
+
+
+class _Engine(SingleDeviceStrategy, OwnsAccumulation):
+    def __init__(self) -> None:
+        super().__init__()
+        self.boundaries: list[bool] = []
+        self.steps = 0
+
+    def set_accumulation_boundary(self, is_boundary: bool) -> None:
+        self.boundaries.append(is_boundary)
+
+    def optimizer_step(self, optimizer: Any) -> Any:
+        self.steps += 1
+        return super().optimizer_step(optimizer)
+
+
+def test_a_strategy_that_controls_backward_sync_gets_trainer_accumulation_with_its_sync_control():
+    strategy = _SyncControlled()
+    policy = accumulation_policy(strategy, 4, [])
+    assert isinstance(policy, TrainerAccumulation)
+    with policy.micro_batch(is_boundary=False):
+        pass
+    with policy.micro_batch(is_boundary=True):
+        pass
+    assert strategy.skipped == [True, False]
+    torch.testing.assert_close(policy.scale_loss(torch.tensor(2.0)), torch.tensor(0.5))
+
+
+def test_without_accumulation_backward_sync_is_never_skipped_and_the_loss_is_unchanged():
+    strategy = _SyncControlled()
+    policy = accumulation_policy(strategy, 1, [])
+    with policy.micro_batch(is_boundary=True):
+        pass
+    assert strategy.skipped == []
+    loss = torch.tensor(3.0)
+    assert policy.scale_loss(loss) is loss
+
+
+def test_a_plain_strategy_accumulates_in_the_trainer_and_syncs_every_micro_batch():
+    policy = accumulation_policy(SingleDeviceStrategy(), 2, [])
+    assert isinstance(policy, TrainerAccumulation)
+    with policy.micro_batch(is_boundary=False):
+        pass
+    torch.testing.assert_close(policy.scale_loss(torch.tensor(2.0)), torch.tensor(1.0))
+
+
+def test_an_engine_is_told_every_boundary_and_stepped_between_boundaries_with_the_loss_unscaled():
+    strategy = _Engine()
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
+    policy = accumulation_policy(strategy, 2, [optimizer])
+    assert isinstance(policy, EngineAccumulation)
+    with policy.micro_batch(is_boundary=False):
+        pass
+    policy.between_steps()
+    loss = torch.tensor(2.0)
+    assert policy.scale_loss(loss) is loss
+    assert strategy.boundaries == [False]
+    assert strategy.steps == 1
+
+
+def test_an_engine_is_told_every_boundary_of_a_fit_including_windows_cut_short_by_the_epoch(tmp_path):
+    strategy = _Engine()
+    trainer = quiet_trainer(tmp_path, strategy=strategy, max_epochs=2, accumulate_grad_batches=3)
+    trainer.fit(ClassifierModule(), make_loader(num_samples=40, batch_size=8))
+    # Five batches an epoch: a window of three, then one of two that the epoch cuts short.
+    assert strategy.boundaries == 2 * [False, False, True, False, True]
+    assert strategy.steps == 10
+    assert trainer.global_step == 4
+
+
+# -- plugins written against 0.1 ----------------------------------------------------------------
+
+
+def test_a_0_1_plugin_with_the_accumulation_flag_is_treated_as_an_engine_that_owns_accumulation(tmp_path):
+    with pytest.warns(DeprecationWarning, match="handles_gradient_accumulation.*OwnsAccumulation"):
+
+        class LegacyEngine(SingleDeviceStrategy):
+            handles_gradient_accumulation = True
+
+            def __init__(self) -> None:
+                super().__init__()
+                self.boundaries: list[bool] = []
+
+            def set_accumulation_boundary(self, is_boundary: bool) -> None:
+                self.boundaries.append(is_boundary)
+
+    strategy = LegacyEngine()
+    assert isinstance(strategy, OwnsAccumulation)
+    trainer = quiet_trainer(tmp_path, strategy=strategy, max_steps=2, accumulate_grad_batches=2)
+    trainer.fit(ClassifierModule(), make_loader())
+    assert strategy.boundaries == [False, True, False, True]
+    assert trainer.global_step == 2
+
+
+def test_a_0_1_plugin_overriding_no_backward_sync_keeps_skipping_sync_while_accumulating(tmp_path):
+    with pytest.warns(DeprecationWarning, match="no_backward_sync.*BackwardSyncControl"):
+
+        class LegacySync(SingleDeviceStrategy):
+            def __init__(self) -> None:
+                super().__init__()
+                self.skipped: list[bool] = []
+
+            def no_backward_sync(self, enabled: bool) -> Any:
+                self.skipped.append(enabled)
+                return contextlib.nullcontext()
+
+    strategy = LegacySync()
+    assert isinstance(strategy, BackwardSyncControl)
+    quiet_trainer(tmp_path, strategy=strategy, max_steps=1, accumulate_grad_batches=2).fit(
+        ClassifierModule(), make_loader()
+    )
+    assert strategy.skipped == [True, False]
+
+
+def test_a_0_1_plugin_with_the_accumulation_flag_but_no_boundary_method_is_refused_naming_the_fix():
+    with pytest.raises(
+        TypeError, match=r"handles_gradient_accumulation.*subclass stratagem\.strategies\.OwnsAccumulation"
+    ):
+
+        class Incomplete(SingleDeviceStrategy):
+            handles_gradient_accumulation = True
+
+
+def test_a_strategy_opting_in_explicitly_gets_no_deprecation_warning(recwarn):
+    class Explicit(SingleDeviceStrategy, OwnsAccumulation):
+        handles_gradient_accumulation = True
+
+        def set_accumulation_boundary(self, is_boundary: bool) -> None:
+            pass
+
+    assert not [warning for warning in recwarn if issubclass(warning.category, DeprecationWarning)]
