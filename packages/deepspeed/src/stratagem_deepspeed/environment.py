@@ -24,7 +24,7 @@ def import_deepspeed() -> ModuleType:
     except ImportError as error:
         raise ImportError(
             f"The DeepSpeed strategies need deepspeed, which failed to import ({error}): "
-            'pip install "stratagem[deepspeed]" (or pip install "deepspeed>=0.14").'
+            'pip install "stratagem[deepspeed]" (or pip install "deepspeed>=0.19.8").'
         ) from error
     return deepspeed
 

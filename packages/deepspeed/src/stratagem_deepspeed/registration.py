@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from stratagem.registry import Registry
 
-REQUIREMENT = "deepspeed>=0.14"
+REQUIREMENT = "deepspeed>=0.19.8"
 STRATEGY_TARGET = "stratagem_deepspeed.strategy:DeepSpeedStrategy"
 CHECKPOINT_IO_TARGET = "stratagem_deepspeed.checkpoint_io:DeepSpeedCheckpointIO"
 

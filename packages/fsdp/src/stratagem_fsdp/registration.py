@@ -8,7 +8,7 @@ if TYPE_CHECKING:
     from stratagem.registry import Registry
 
 _STRATEGY = "stratagem_fsdp.strategy:FSDPStrategy"
-_REQUIRES = "torch>=2.6"
+_REQUIRES = "torch>=2.9"
 
 
 def register_strategies(registry: Registry) -> None:
