@@ -94,3 +94,12 @@ def test_the_option_tables_match_the_installed_colossalai():
     gemini = PLUGINS["gemini"].options
     assert set(LIGHTNING_GEMINI_OPTIONS) <= set(gemini)
     assert not set(LIGHTNING_REMOVED_OPTIONS) & set(gemini)
+
+
+def test_without_colossalai_the_error_gives_the_no_deps_install(monkeypatch):
+    from stratagem_colossalai import options
+
+    found = options.importlib.util.find_spec
+    monkeypatch.setattr(options.importlib.util, "find_spec", lambda name: None if name == "colossalai" else found(name))
+    with pytest.raises(ImportError, match=r"needs colossalai, which is not installed.*--no-deps colossalai==0.5.0"):
+        ColossalAIStrategy()
