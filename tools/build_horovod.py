@@ -7,8 +7,9 @@ two CMake files that set it, and build with PyTorch and Gloo only (no MPI, Tenso
 without build isolation (the build must see the installed torch) and constrained by
 ``tools/constraints.txt`` so that pip never swaps torch for another build.
 
-Usage: ``python tools/build_horovod.py`` (about 10 minutes on 2 busy cores). Needs cmake and a C++
-compiler. It prints how long the build took.
+Usage: ``python tools/build_horovod.py``. Needs cmake and a C++ compiler; prints how long the build
+took. When horovod 0.28.1 is already installed and ``horovod.torch`` loads against the installed torch,
+it says so and builds nothing (a torch with another ABI fails that check, and horovod is rebuilt).
 """
 
 from __future__ import annotations
@@ -49,7 +50,15 @@ def raise_cxx_standard(source: Path) -> None:
         path.write_text(text.replace(CXX14, CXX17))
 
 
+def installed_and_loading() -> bool:
+    probe = f"import horovod, horovod.torch; raise SystemExit(horovod.__version__ != {VERSION!r})"
+    return subprocess.run([sys.executable, "-c", probe], capture_output=True).returncode == 0
+
+
 def main() -> None:
+    if installed_and_loading():
+        print(f"horovod {VERSION}: already installed and loads against this torch", flush=True)
+        return
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="horovod-build-") as work:
         workdir = Path(work)
