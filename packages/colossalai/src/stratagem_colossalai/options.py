@@ -221,5 +221,5 @@ def check_colossalai_installed() -> None:
         raise ImportError(
             "ColossalAIStrategy needs colossalai, which is not installed. colossalai 0.5.0 declares torch<=2.5.1, "
             "so install it without its dependencies, then what it imports: `pip install --no-deps colossalai==0.5.0` "
-            "and `pip install peft galore-torch`, both with `-c tools/constraints.txt` to keep your torch."
+            "and `pip install peft galore-torch einops`, both with `-c tools/constraints.txt` to keep your torch."
         )
