@@ -38,35 +38,25 @@ class DataParallelStrategy(Strategy):
         self.parallel_devices = parallel_devices
         self._launcher = InProcessLauncher()
 
-    def configure(
-        self,
-        *,
-        accelerator: Accelerator,
-        devices: list[torch.device],
-        num_nodes: int,
-        precision: Precision,
-        checkpoint_io: CheckpointIO | None,
-        cluster_environment: ClusterEnvironment,
+    def configure_placement(
+        self, *, devices: list[torch.device], num_nodes: int, cluster_environment: ClusterEnvironment
     ) -> None:
-        accelerator = self._accelerator or accelerator
-        if accelerator.device_type != "cuda":
-            raise ValueError(
-                f"strategy='dp' (torch DataParallel) splits batches over several CUDA GPUs in one process, but "
-                f"accelerator={accelerator.device_type!r}. Use accelerator='cuda', or strategy='ddp' (one process "
-                "per device, also on CPU)."
-            )
         if num_nodes != 1:
             raise ValueError(f"strategy='dp' runs in one process on one machine, but num_nodes={num_nodes}; use 'ddp'.")
-        precision = self._precision or precision
-        if precision.name not in SUPPORTED_PRECISIONS:
+        self.parallel_devices = self.parallel_devices or devices
+
+    def complete_configuration(self) -> None:
+        if self.accelerator.device_type != "cuda":
             raise ValueError(
-                f"strategy='dp' does not support precision={precision.name!r}; expected one of "
+                f"strategy='dp' (torch DataParallel) splits batches over several CUDA GPUs in one process, but "
+                f"accelerator={self.accelerator.device_type!r}. Use accelerator='cuda', or strategy='ddp' (one process "
+                "per device, also on CPU)."
+            )
+        if self.precision.name not in SUPPORTED_PRECISIONS:
+            raise ValueError(
+                f"strategy='dp' does not support precision={self.precision.name!r}; expected one of "
                 f"{', '.join(map(repr, SUPPORTED_PRECISIONS))}. Use strategy='ddp' for 16-bit precision."
             )
-        self._accelerator = accelerator
-        self._precision = precision
-        self._checkpoint_io = self._checkpoint_io or checkpoint_io
-        self.parallel_devices = self.parallel_devices or devices
 
     @property
     def launcher(self) -> Launcher:

@@ -71,19 +71,9 @@ class ParallelStrategy(Strategy, ABC):
         self._created_process_group = False
         self._arrivals: ArrivalLog | None = None
 
-    def configure(
-        self,
-        *,
-        accelerator: Accelerator,
-        devices: list[torch.device],
-        num_nodes: int,
-        precision: Precision,
-        checkpoint_io: CheckpointIO | None,
-        cluster_environment: ClusterEnvironment,
+    def configure_placement(
+        self, *, devices: list[torch.device], num_nodes: int, cluster_environment: ClusterEnvironment
     ) -> None:
-        self._accelerator = self._accelerator or accelerator
-        self._precision = self._precision or precision
-        self._checkpoint_io = self._checkpoint_io or checkpoint_io
         self.parallel_devices = self.parallel_devices or devices
         self.cluster_environment = self.cluster_environment or cluster_environment
         self.num_nodes = num_nodes
@@ -92,13 +82,6 @@ class ParallelStrategy(Strategy, ABC):
         self._set_world_ranks()
         check_placement(self.cluster_environment, len(self.parallel_devices), num_nodes)
         join_timeout()
-        self.complete_configuration()
-
-    def complete_configuration(self) -> None:
-        """Finish and check the strategy's own settings once :meth:`configure` has the connector's values.
-
-        Raise ``ValueError`` on what cannot work; this still runs in the calling process, before launch.
-        """
 
     @property
     def launcher(self) -> Launcher:

@@ -76,7 +76,6 @@ class Strategy(ABC):
 
     # -- wiring -----------------------------------------------------------------------------
 
-    @abstractmethod
     def configure(
         self,
         *,
@@ -90,8 +89,33 @@ class Strategy(ABC):
         """Receive what the connector resolved; raise ``ValueError`` on what cannot work.
 
         Called once, in the calling process, before anything starts. Values the user passed
-        to the strategy's constructor win over the connector's; a contradiction between them
-        is an error naming both.
+        to the strategy's constructor win over the connector's. The accelerator, precision and
+        checkpoint IO are merged here; where the strategy runs (devices, nodes, environment) is
+        merged by :meth:`configure_placement`; then :meth:`complete_configuration` checks the
+        result. Override those two hooks rather than this method.
+        """
+        self._accelerator = self._accelerator or accelerator
+        self._precision = self._precision or precision
+        self._checkpoint_io = self._checkpoint_io or checkpoint_io
+        self.configure_placement(devices=devices, num_nodes=num_nodes, cluster_environment=cluster_environment)
+        self.complete_configuration()
+
+    def configure_placement(
+        self, *, devices: list[torch.device], num_nodes: int, cluster_environment: ClusterEnvironment
+    ) -> None:
+        """Take the devices, node count and cluster environment the connector resolved, where the
+        constructor gave none; a count this strategy cannot run on is a ``ValueError`` naming it.
+
+        A strategy that decides its placement without them (one that reads its own device) need not
+        override this.
+        """
+
+    def complete_configuration(self) -> None:
+        """Finish and check the strategy's own settings once :meth:`configure` merged the connector's values.
+
+        :attr:`accelerator`, :attr:`precision` and the placement are final here. Raise
+        ``ValueError`` on what cannot work (a contradiction names both values); this still
+        runs in the calling process, before launch.
         """
 
     @property
