@@ -1,8 +1,17 @@
 """Strategies: how a run is distributed."""
 
 from stratagem.strategies.init_contexts import skip_parameter_init
-from stratagem.strategies.parallel import ParallelStrategy
+from stratagem.strategies.parallel import ParallelOptions, ParallelStrategy, split_parallel_options
 from stratagem.strategies.single_device import SingleDeviceStrategy
 from stratagem.strategies.strategy import LoopSettings, ReduceOp, Strategy
 
-__all__ = ["LoopSettings", "ParallelStrategy", "ReduceOp", "SingleDeviceStrategy", "Strategy", "skip_parameter_init"]
+__all__ = [
+    "LoopSettings",
+    "ParallelOptions",
+    "ParallelStrategy",
+    "ReduceOp",
+    "SingleDeviceStrategy",
+    "Strategy",
+    "skip_parameter_init",
+    "split_parallel_options",
+]
