@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import inspect
 import logging
 import os
 import sys
@@ -101,7 +102,9 @@ class DeepSpeedStrategy(ParallelStrategy):
         **options: Any,
     ) -> None:
         parallel_options, lightning_options = split_parallel_options(options)
-        self._lightning = parse_lightning_options(lightning_options, config_given=config is not None)
+        self._lightning = parse_lightning_options(
+            lightning_options, config_given=config is not None, own_options=inspect.signature(type(self)).parameters
+        )
         if not self._lightning.zero_optimization:
             stage = 0
         super().__init__(**parallel_options)
