@@ -9,9 +9,9 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from stratagem_ddp.strategy import DDPStrategy
     from stratagem_ddp.dp import DataParallelStrategy
     from stratagem_ddp.registration import register
+    from stratagem_ddp.strategy import DDPStrategy
 
 __all__ = ["DDPStrategy", "DataParallelStrategy", "register"]
 
