@@ -5,13 +5,14 @@ import inspect
 from datetime import timedelta
 
 import pytest
+from typing_extensions import Unpack
 
 from stratagem.launchers import InProcessLauncher, Launcher
 from stratagem.strategies import ParallelOptions, ParallelStrategy, split_parallel_options
 
 
 class _Backend(ParallelStrategy):
-    def __init__(self, *, own_option: int = 1, **parallel_options: "ParallelOptions") -> None:
+    def __init__(self, *, own_option: int = 1, **parallel_options: Unpack[ParallelOptions]) -> None:
         super().__init__(**parallel_options)
         self.own_option = own_option
 

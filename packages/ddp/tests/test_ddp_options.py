@@ -174,3 +174,14 @@ def test_an_unknown_ddp_option_lists_the_accepted_ones():
 def test_lightnings_precision_plugin_is_refused_by_ddp_naming_precision():
     with pytest.raises(TypeError, match=r"DDPStrategy\(precision_plugin=\.\.\.\) is Lightning's name; .*precision="):
         DDPStrategy(precision_plugin=Precision())
+
+
+def test_dp_takes_the_options_of_every_strategy_without_re_declaring_them():
+    from stratagem import registry
+
+    strategy = registry.strategies.create("dp", precision=Precision(), parallel_devices=[torch.device("cuda", 0)])
+    assert strategy.precision.name == "32-true"
+    with pytest.raises(TypeError, match=r"accept option\(s\) 'devices'\. Accepted: accelerator, checkpoint_io"):
+        registry.strategies.create("dp", devices=2)
+    with pytest.raises(TypeError, match=r"DataParallelStrategy\(precision_plugin=\.\.\.\) is Lightning's name"):
+        DataParallelStrategy(precision_plugin=Precision())

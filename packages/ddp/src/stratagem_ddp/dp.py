@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
-from stratagem.accelerators import Accelerator
-from stratagem.checkpoint_io import CheckpointIO
 from stratagem.environments.cluster_environment import ClusterEnvironment
 from stratagem.launchers import InProcessLauncher, Launcher
-from stratagem.precision import Precision
-from stratagem.strategies import ReduceOp, Strategy
+from stratagem.strategies import ReduceOp, Strategy, StrategyOptions
 from stratagem.strategies.collective_arguments import reduce_operation
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 SUPPORTED_PRECISIONS = ("32-true", "64-true")
 """DataParallel replicates the module per forward; the 16-bit plugins' casts and scalers do not follow it."""
@@ -28,13 +28,9 @@ class DataParallelStrategy(Strategy):
     """
 
     def __init__(
-        self,
-        accelerator: Accelerator | None = None,
-        precision: Precision | None = None,
-        checkpoint_io: CheckpointIO | None = None,
-        parallel_devices: list[torch.device] | None = None,
+        self, parallel_devices: list[torch.device] | None = None, **strategy_options: Unpack[StrategyOptions]
     ) -> None:
-        super().__init__(accelerator=accelerator, precision=precision, checkpoint_io=checkpoint_io)
+        super().__init__(**strategy_options)
         self.parallel_devices = parallel_devices
         self._launcher = InProcessLauncher()
 

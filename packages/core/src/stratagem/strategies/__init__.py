@@ -3,7 +3,7 @@
 from stratagem.strategies.init_contexts import skip_parameter_init
 from stratagem.strategies.parallel import ParallelOptions, ParallelStrategy, split_parallel_options
 from stratagem.strategies.single_device import SingleDeviceStrategy
-from stratagem.strategies.strategy import LoopSettings, ReduceOp, Strategy
+from stratagem.strategies.strategy import LoopSettings, ReduceOp, Strategy, StrategyOptions
 
 __all__ = [
     "LoopSettings",
@@ -12,6 +12,7 @@ __all__ = [
     "ReduceOp",
     "SingleDeviceStrategy",
     "Strategy",
+    "StrategyOptions",
     "skip_parameter_init",
     "split_parallel_options",
 ]

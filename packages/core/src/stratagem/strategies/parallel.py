@@ -1,13 +1,12 @@
 from __future__ import annotations
 
 import contextlib
-import inspect
 import itertools
 import os
 from abc import ABC
 from collections.abc import Callable, Iterator
 from datetime import timedelta
-from typing import Any, TypedDict, cast
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -26,7 +25,7 @@ from stratagem.strategies._process_group_options import (
     check_timeout,
 )
 from stratagem.strategies.collective_arguments import reduce_operation
-from stratagem.strategies.strategy import ReduceOp, Strategy
+from stratagem.strategies.strategy import ReduceOp, Strategy, StrategyOptions
 
 DEFAULT_TIMEOUT = timedelta(minutes=30)
 
@@ -43,16 +42,13 @@ _REDUCE_OPS = {
 }
 
 
-class ParallelOptions(TypedDict, total=False):
+class ParallelOptions(StrategyOptions, total=False):
     """The options every :class:`ParallelStrategy` takes, with the defaults of :meth:`ParallelStrategy.__init__`.
 
     A backend declares its own options and takes these as ``**parallel_options: Unpack[ParallelOptions]``
     (passed on to ``super().__init__``), so that they are declared once, here and on the base class.
     """
 
-    accelerator: Accelerator | None
-    precision: Precision | None
-    checkpoint_io: CheckpointIO | None
     parallel_devices: list[torch.device] | None
     cluster_environment: ClusterEnvironment | None
     process_group_backend: str | None
@@ -60,10 +56,7 @@ class ParallelOptions(TypedDict, total=False):
     start_method: str
 
 
-PARALLEL_OPTIONS = frozenset(ParallelOptions.__annotations__)
-
-LIGHTNING_RENAMES = {"precision_plugin": "precision"}
-"""Lightning's spelling -> stratagem's, for strategy options both have under different names."""
+PARALLEL_OPTIONS = ParallelOptions.__optional_keys__
 
 
 def split_parallel_options(options: dict[str, Any]) -> tuple[ParallelOptions, dict[str, Any]]:
@@ -101,17 +94,6 @@ class ParallelStrategy(Strategy, ABC):
         self.num_nodes = 1
         self._created_process_group = False
         self._arrivals: ArrivalLog | None = None
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        # What help(), the registry's option check and __new__ read: the backend's own options and the parallel ones.
-        setattr(cls, "__signature__", _signature_with_parallel_options(cls))  # noqa: B010 - not a declared attribute
-
-    def __new__(cls, *args: Any, **options: Any) -> ParallelStrategy:
-        # Checked here, before __init__, so that an unknown keyword names the backend and what it accepts rather
-        # than ParallelStrategy.__init__, where a backend's **parallel_options would carry it.
-        _check_option_names(cls, options)
-        return super().__new__(cls)
 
     def configure_placement(
         self, *, devices: list[torch.device], num_nodes: int, cluster_environment: ClusterEnvironment
@@ -337,50 +319,6 @@ class ParallelStrategy(Strategy, ABC):
         return (
             f"{type(self).__name__}(devices={self.num_processes}, num_nodes={self.num_nodes}, "
             f"process_group_backend={self._process_group_backend or 'auto'!r})"
-        )
-
-
-def _signature_with_parallel_options(cls: type[ParallelStrategy]) -> inspect.Signature:
-    """``cls.__init__``'s parameters, with a ``**parallel_options`` (or a catch-all ``**kwargs``) spelled out as
-    :class:`ParallelOptions`' parameters. A catch-all other than ``parallel_options`` stays, for the backend's own
-    pass-through options."""
-    own = list(inspect.signature(cls.__init__).parameters.values())[1:]
-    explicit = [parameter for parameter in own if parameter.kind is not inspect.Parameter.VAR_KEYWORD]
-    catch_all = [parameter for parameter in own if parameter.kind is inspect.Parameter.VAR_KEYWORD]
-    if not catch_all:
-        return inspect.Signature(explicit)
-    names = {parameter.name for parameter in explicit}
-    inherited = [
-        parameter.replace(kind=inspect.Parameter.KEYWORD_ONLY)
-        for parameter in list(inspect.signature(ParallelStrategy.__init__).parameters.values())[1:]
-        if parameter.name not in names
-    ]
-    kept = [parameter for parameter in catch_all if parameter.name != "parallel_options"]
-    return inspect.Signature([*explicit, *inherited, *kept])
-
-
-def _check_option_names(cls: type[ParallelStrategy], options: dict[str, Any]) -> None:
-    """Refuse keywords ``cls`` does not take, naming what it does take (Lightning's other spellings by their
-    stratagem name). A class with a catch-all checks its own."""
-    parameters = inspect.signature(cls).parameters
-    if any(parameter.kind is inspect.Parameter.VAR_KEYWORD for parameter in parameters.values()):
-        return
-    accepted = sorted(
-        name
-        for name, parameter in parameters.items()
-        if parameter.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
-    )
-    for name in options:
-        if name in LIGHTNING_RENAMES and name not in accepted:
-            raise TypeError(
-                f"{cls.__name__}({name}=...) is Lightning's name; stratagem's is {LIGHTNING_RENAMES[name]}= "
-                f"(on {cls.__name__}, or {LIGHTNING_RENAMES[name]}= on the Trainer)."
-            )
-    unknown = sorted(set(options) - set(accepted))
-    if unknown:
-        raise TypeError(
-            f"{cls.__name__} does not accept option(s) {', '.join(map(repr, unknown))}. "
-            f"Accepted: {', '.join(accepted)}."
         )
 
 

@@ -7,7 +7,7 @@ import functools
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, TypedDict
 
 import torch
 from torch import nn
@@ -19,6 +19,7 @@ from stratagem.environments.cluster_environment import ClusterEnvironment
 from stratagem.launchers import Launcher
 from stratagem.precision import Precision
 from stratagem.strategies._forward_redirect import call_through_forward
+from stratagem.strategies.constructor_signature import check_option_names, signature_with_forwarded_options
 from stratagem.strategies.init_contexts import skip_parameter_init
 
 ReduceOp = Literal["sum", "mean", "max", "min"]
@@ -34,6 +35,15 @@ class LoopSettings:
     train_batch_size: int | None = None
     """The training dataloader's batch size per process, once a run knows it (``None`` before, or when the
     loader has none, e.g. an iterable of ready-made batches)."""
+
+
+class StrategyOptions(TypedDict, total=False):
+    """The options every :class:`Strategy` takes (default ``None``: the connector's choice). A subclass may take
+    them as ``**strategy_options: Unpack[StrategyOptions]`` rather than re-declaring them."""
+
+    accelerator: Accelerator | None
+    precision: Precision | None
+    checkpoint_io: CheckpointIO | None
 
 
 class Strategy(ABC):
@@ -73,6 +83,17 @@ class Strategy(ABC):
         self._model: nn.Module | None = None
         self.loop_settings = LoopSettings()
         self._in_run = False
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        # What help(), the registry's option check and __new__ read: a subclass's own options and those it forwards.
+        setattr(cls, "__signature__", signature_with_forwarded_options(cls))  # noqa: B010 - not a declared attribute
+
+    def __new__(cls, *args: Any, **options: Any) -> Strategy:
+        # Checked before __init__, so that an unknown keyword names this class and what it accepts, not the base
+        # class whose __init__ a **parallel_options would carry it to.
+        check_option_names(cls, options)
+        return super().__new__(cls)
 
     # -- wiring -----------------------------------------------------------------------------
 
