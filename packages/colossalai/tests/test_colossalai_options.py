@@ -37,6 +37,12 @@ def test_plugin_options_reach_the_plugin():
     assert strategy.plugin_options == {"bucket_cap_mb": 1, "find_unused_parameters": True}
 
 
+def test_parallel_options_reach_parallel_strategy_beside_the_plugins():
+    strategy = ColossalAIStrategy(plugin_options={"bucket_cap_mb": 1}, timeout=12, start_method="spawn")
+    assert (strategy.timeout.total_seconds(), strategy.start_method) == (12, "spawn")
+    assert strategy.plugin_options == {"bucket_cap_mb": 1}
+
+
 def test_lightnings_gemini_options_are_accepted_as_gemini_options():
     options = {
         "placement_policy": "auto",

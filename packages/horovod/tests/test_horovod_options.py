@@ -70,6 +70,7 @@ def test_ranks_started_by_horovodrun_are_joined_not_started_again(monkeypatch):
     assert (trainer.global_rank, trainer.world_size, environment.main_port) == (1, 2, 29555)
 
 
+@pytest.mark.filterwarnings("ignore:devices=3 starts 3 CPU processes")
 def test_devices_that_contradict_horovodruns_ranks_are_refused(monkeypatch):
     _as_started_by_horovodrun(monkeypatch, rank=0)
     with pytest.raises(ValueError, match=r"devices=3 x num_nodes=1 does not match the 2 ranks horovodrun started"):

@@ -10,18 +10,11 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Mapping
-from datetime import timedelta
 from typing import TYPE_CHECKING, Any, ClassVar
 
-import torch
 from torch import nn
 
-from stratagem.accelerators import Accelerator
-from stratagem.checkpoint_io import CheckpointIO
-from stratagem.environments import ClusterEnvironment
-from stratagem.precision import Precision
-from stratagem.strategies import BackwardSyncControl, ParallelStrategy
-from stratagem.strategies.parallel import DEFAULT_TIMEOUT
+from stratagem.strategies import BackwardSyncControl, ParallelStrategy, split_parallel_options
 from stratagem_colossalai.options import (
     PLUGINS,
     check_colossalai_installed,
@@ -51,19 +44,13 @@ class ColossalAIStrategy(ParallelStrategy, BackwardSyncControl):
 
     def __init__(
         self,
+        *,
         plugin: str = "auto",
         plugin_options: Mapping[str, Any] | None = None,
-        accelerator: Accelerator | None = None,
-        precision: Precision | None = None,
-        checkpoint_io: CheckpointIO | None = None,
-        parallel_devices: list[torch.device] | None = None,
-        cluster_environment: ClusterEnvironment | None = None,
-        process_group_backend: str | None = None,
-        timeout: timedelta | float = DEFAULT_TIMEOUT,
-        start_method: str = "popen",
-        **lightning_options: Any,
+        **options: Any,
     ) -> None:
         check_colossalai_installed()
+        parallel_options, lightning_options = split_parallel_options(options)
         requested = check_plugin(plugin)
         if plugin_options is not None and not isinstance(plugin_options, Mapping):
             raise TypeError(
@@ -79,26 +66,17 @@ class ColossalAIStrategy(ParallelStrategy, BackwardSyncControl):
                 f"ColossalAIStrategy was Gemini); plugin={plugin!r} does not take them: use plugin='gemini', or drop "
                 "them."
             )
-        options = dict(plugin_options or {})
-        both = sorted(set(options) & set(gemini_options))
+        plugin_kwargs = dict(plugin_options or {})
+        both = sorted(set(plugin_kwargs) & set(gemini_options))
         if both:
             raise ValueError(
                 f"ColossalAIStrategy got {', '.join(both)} both as keywords and in plugin_options; give it once."
             )
-        options.update(gemini_options)
-        check_plugin_options(requested, options)
-        super().__init__(
-            accelerator=accelerator,
-            precision=precision,
-            checkpoint_io=checkpoint_io,
-            parallel_devices=parallel_devices,
-            cluster_environment=cluster_environment,
-            process_group_backend=process_group_backend,
-            timeout=timeout,
-            start_method=start_method,
-        )
+        plugin_kwargs.update(gemini_options)
+        check_plugin_options(requested, plugin_kwargs)
+        super().__init__(**parallel_options)
         self.plugin = requested
-        self.plugin_options = options
+        self.plugin_options = plugin_kwargs
         self._booster: Booster | None = None
 
     def complete_configuration(self) -> None:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import os
 import socket
-from datetime import timedelta
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import torch
@@ -27,12 +26,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.optim import Optimizer
 
-from stratagem.accelerators import Accelerator
-from stratagem.checkpoint_io import CheckpointIO
-from stratagem.environments import ClusterEnvironment
-from stratagem.precision import Precision
-from stratagem.strategies import ParallelStrategy
-from stratagem.strategies.parallel import DEFAULT_TIMEOUT
+from stratagem.strategies import ParallelOptions, ParallelStrategy
 from stratagem_horovod.environment import HorovodrunEnvironment
 from stratagem_horovod.options import (
     check_compression,
@@ -50,6 +44,7 @@ from stratagem_horovod.rendezvous import (
 
 if TYPE_CHECKING:
     from horovod.runner.http.http_server import RendezvousServer
+    from typing_extensions import Unpack
 
 
 class HorovodStrategy(ParallelStrategy):
@@ -65,32 +60,17 @@ class HorovodStrategy(ParallelStrategy):
 
     def __init__(
         self,
+        *,
         compression: Literal["none", "fp16"] = "none",
         gradient_predivide_factor: float = 1.0,
         gloo_iface: str | None = None,
-        accelerator: Accelerator | None = None,
-        precision: Precision | None = None,
-        checkpoint_io: CheckpointIO | None = None,
-        parallel_devices: list[torch.device] | None = None,
-        cluster_environment: ClusterEnvironment | None = None,
-        process_group_backend: str | None = None,
-        timeout: timedelta | float = DEFAULT_TIMEOUT,
-        start_method: str = "popen",
+        **parallel_options: Unpack[ParallelOptions],
     ) -> None:
         check_horovod_installed()
         self.compression = check_compression(compression)
         self.gradient_predivide_factor = check_predivide_factor(gradient_predivide_factor)
         self.gloo_iface = check_gloo_iface(gloo_iface)
-        super().__init__(
-            accelerator=accelerator,
-            precision=precision,
-            checkpoint_io=checkpoint_io,
-            parallel_devices=parallel_devices,
-            cluster_environment=cluster_environment,
-            process_group_backend=process_group_backend,
-            timeout=timeout,
-            start_method=start_method,
-        )
+        super().__init__(**parallel_options)
         self._server: RendezvousServer | None = None
         self._replaced_variables: dict[str, str | None] = {}
         self._horovod_initialized = False
