@@ -42,6 +42,7 @@ def main() -> None:
     parser.add_argument("--out", required=True)
     parser.add_argument("--accumulate", type=int, default=1)
     parser.add_argument("--clip", type=float, default=None)
+    parser.add_argument("--compression", default=None)
     args = parser.parse_args()
     devices = 2
     generator = torch.Generator().manual_seed(1)
@@ -49,9 +50,14 @@ def main() -> None:
     y = x @ torch.tensor([[1.0], [-2.0], [0.5], [3.0]]) + 0.1 * torch.randn(128, 1, generator=generator)
     micro_batch = GLOBAL_BATCH // devices // args.accumulate
     train = DataLoader(TensorDataset(x, y), batch_size=micro_batch, shuffle=False)
+    strategy = args.strategy
+    if args.compression is not None:
+        from stratagem_horovod import HorovodStrategy
+
+        strategy = HorovodStrategy(compression=args.compression)
     trainer = stratagem.Trainer(
         accelerator="cpu",
-        strategy=args.strategy,
+        strategy=strategy,
         devices=devices,
         max_steps=MAX_STEPS,
         accumulate_grad_batches=args.accumulate,

@@ -67,3 +67,21 @@ def test_horovod_weights_match_ddp_on_the_same_global_batch(trained, launch):
     assert horovod.keys() == ddp.keys()
     for key in ddp:
         torch.testing.assert_close(horovod[key], ddp[key], rtol=1e-5, atol=1e-6)
+
+
+@pytest.fixture(scope="module")
+def fp16_compressed(tmp_path_factory):
+    return {
+        launch: _train(launch, options, tmp_path_factory.mktemp(f"{launch}-fp16"))
+        for launch, options in (("horovod", ["--compression", "fp16"]), ("ddp", []))
+    }
+
+
+def test_fp16_compressed_gradients_keep_ranks_identical_and_close_to_ddp(fp16_compressed):
+    rank0, rank1 = fp16_compressed["horovod"]
+    ddp = fp16_compressed["ddp"][0]
+    for key in ddp:
+        assert torch.equal(rank0[key], rank1[key]), key
+        # Gradients travel as fp16 (about 3 significant digits), so the weights drift from fp32 ddp's a little.
+        torch.testing.assert_close(rank0[key], ddp[key], rtol=1e-2, atol=1e-3)
+    assert any(not torch.equal(rank0[key], ddp[key]) for key in ddp), "fp16 compression left no trace"
