@@ -13,5 +13,5 @@ def register(registry: Registry) -> None:
     registry.register(
         "colossalai",
         "stratagem_colossalai.strategy:ColossalAIStrategy",
-        description="Colossal-AI's Booster, one process per device; plugin='ddp' (any device), 'gemini', ... (CUDA).",
+        description="Colossal-AI's Booster with its DDP plugin, one process per device (sharded plugins: refused).",
     )
