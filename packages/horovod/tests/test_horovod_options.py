@@ -84,3 +84,8 @@ def test_without_horovod_the_error_names_the_build_recipe(monkeypatch):
     monkeypatch.setattr(options.importlib.util, "find_spec", lambda name: None if name == "horovod" else found(name))
     with pytest.raises(ImportError, match=r"needs horovod, which is not installed.*python tools/build_horovod.py"):
         HorovodStrategy()
+
+
+def test_bfloat16_parameters_are_refused_at_trainer_construction_naming_what_works():
+    with pytest.raises(ValueError, match=r"horovod 0.28.1's PyTorch collectives refuse bfloat16 .* Use 'bf16-mixed'"):
+        stratagem.Trainer(strategy="horovod", accelerator="cpu", devices=2, precision="bf16-true")

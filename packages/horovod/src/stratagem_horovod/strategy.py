@@ -77,6 +77,12 @@ class HorovodStrategy(ParallelStrategy):
         self._synchronized: set[int] = set()
 
     def complete_configuration(self) -> None:
+        if self.precision.param_dtype == torch.bfloat16:
+            raise ValueError(
+                f"HorovodStrategy cannot run precision={self.precision!r}: its parameters are bfloat16, and "
+                "horovod 0.28.1's PyTorch collectives refuse bfloat16 tensors. Use 'bf16-mixed' (fp32 parameters, "
+                "bf16 compute), '16-true' or '32-true'."
+            )
         if self.num_nodes > 1 and self.gloo_iface is None and not os.environ.get("HOROVOD_GLOO_IFACE"):
             raise ValueError(
                 f"HorovodStrategy on num_nodes={self.num_nodes} needs the network interface horovod's Gloo should "
