@@ -1,6 +1,13 @@
 """Strategies: how a run is distributed."""
 
-from stratagem.strategies.capabilities import BackwardSyncControl, OwnsAccumulation
+from stratagem.strategies.capabilities import (
+    BackwardSyncControl,
+    EngineSteps,
+    LoaderStage,
+    OwnsAccumulation,
+    OwnsTrainingStep,
+    RebuildsDataLoaders,
+)
 from stratagem.strategies.init_contexts import skip_parameter_init
 from stratagem.strategies.parallel import ParallelStrategy
 from stratagem.strategies.single_device import SingleDeviceStrategy
@@ -8,9 +15,13 @@ from stratagem.strategies.strategy import LoopSettings, ReduceOp, Strategy
 
 __all__ = [
     "BackwardSyncControl",
+    "EngineSteps",
+    "LoaderStage",
     "LoopSettings",
     "OwnsAccumulation",
+    "OwnsTrainingStep",
     "ParallelStrategy",
+    "RebuildsDataLoaders",
     "ReduceOp",
     "SingleDeviceStrategy",
     "Strategy",
