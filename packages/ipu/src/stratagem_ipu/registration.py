@@ -17,7 +17,8 @@ def register_strategies(registry: Registry) -> None:
         "stratagem_ipu.strategy:IPUStrategy",
         description=(
             "Graphcore IPUs through PopTorch: training compiled with forward, backward and optimizer step "
-            "(poptorch.trainingModel), evaluation through poptorch.inferenceModel."
+            "(poptorch.trainingModel), evaluation through poptorch.inferenceModel. PopTorch comes with Graphcore's "
+            "Poplar SDK, not from PyPI."
         ),
         requires=REQUIRES,
     )
@@ -27,6 +28,6 @@ def register_accelerators(registry: Registry) -> None:
     registry.register(
         "ipu",
         "stratagem_ipu.accelerator:IPUAccelerator",
-        description="Graphcore IPUs, reached through PopTorch (Poplar SDK).",
+        description="Graphcore IPUs, reached through PopTorch (which comes with the Poplar SDK, not from PyPI).",
         requires=REQUIRES,
     )
