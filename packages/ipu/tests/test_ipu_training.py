@@ -4,6 +4,8 @@ reach the host, checkpoints load anywhere."""
 import copy
 import json
 import os
+import subprocess
+import sys
 
 import poptorch
 import pytest
@@ -223,3 +225,16 @@ def test_a_detached_model_refuses_to_run():
     model.detachFromDevice()
     with pytest.raises(RuntimeError, match="detached"):
         model(torch.ones(1, 2))
+
+
+def test_the_demo_trains_on_ipus_and_its_checkpoint_resumes_under_single_device(tmp_path):
+    def demo(*arguments):
+        command = [sys.executable, "-m", "stratagem.cli.main", "demo", "--max-steps", "20", *arguments]
+        return subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=300, check=True)
+
+    trained = demo("--strategy", "ipu_strategy", "--accelerator", "ipu", "--batch-size", "16")
+    assert "IPUStrategy(" in trained.stdout
+    assert "lr_scheduler.step()" not in trained.stderr
+    (checkpoint,) = tmp_path.glob("stratagem_demo/checkpoints/version_0/*.ckpt")
+    resumed = demo("--strategy", "single_device", "--max-steps", "25", "--ckpt-path", str(checkpoint))
+    assert "done after 25 steps" in resumed.stdout

@@ -271,6 +271,9 @@ class IPUStrategy(Strategy, OwnsTrainingStep, RebuildsDataLoaders):
         self._attach(executor)
         micro_batches = self._device_iterations * self.replication_factor * self._accumulate
         loss, logged = executor(batch, _batch_index(batch_idx, micro_batches))
+        # The optimizer stepped on the IPU, not on the host: without this mark torch's LR schedulers warn that
+        # they step before the optimizer ever did.
+        self._optimizer._opt_called = True  # type: ignore[union-attr]
         self._log(executor, logged, micro_batches)
         return EngineSteps(output=loss.float().mean(), optimizer_steps=self._device_iterations)
 
