@@ -32,10 +32,11 @@ def test_without_poptorch_construction_says_what_is_missing():
 
 
 def test_importing_the_package_and_discovering_its_names_imports_no_poptorch():
+    standin = os.environ["PYTHONPATH"].split(os.pathsep)[0]
     code = (
-        "import sys; sys.path.insert(0, %r); import stratagem_ipu; from stratagem import registry; "
+        f"import sys; sys.path.insert(0, {standin!r}); import stratagem_ipu; from stratagem import registry; "
         "registry.strategies.names(); registry.accelerators.names(); print('poptorch' in sys.modules)"
-    ) % os.environ["PYTHONPATH"].split(os.pathsep)[0]
+    )
     assert _without_poptorch(code).stdout.strip() == "False"
 
 

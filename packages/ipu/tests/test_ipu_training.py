@@ -100,7 +100,9 @@ def two_ipus(monkeypatch):
 def test_weights_after_the_host_calls_equal_cpu_training_on_the_same_micro_batches(device_iterations, accumulate):
     module = Regression()
     start = copy.deepcopy(module)
-    run = trainer(strategy=IPUStrategy(device_iterations=device_iterations), max_epochs=1, accumulate_grad_batches=accumulate)
+    run = trainer(
+        strategy=IPUStrategy(device_iterations=device_iterations), max_epochs=1, accumulate_grad_batches=accumulate
+    )
     run.fit(module, DataLoader(dataset(), batch_size=4))
     samples_per_step = 4 * 2 * accumulate
     steps = SAMPLES // samples_per_step
@@ -122,7 +124,9 @@ def test_accumulation_and_device_iterations_divide_the_host_calls_as_poptorch_do
         return made[-1]
 
     monkeypatch.setattr(poptorch, "trainingModel", recording)
-    run = trainer(strategy=IPUStrategy(device_iterations=device_iterations), max_epochs=1, accumulate_grad_batches=accumulate)
+    run = trainer(
+        strategy=IPUStrategy(device_iterations=device_iterations), max_epochs=1, accumulate_grad_batches=accumulate
+    )
     run.fit(Regression(), DataLoader(dataset(), batch_size=4))
     assert made[0].calls == calls
     assert run.global_step == calls * device_iterations
@@ -145,9 +149,7 @@ def test_values_logged_in_the_compiled_step_are_reduced_over_its_micro_batches()
     run = trainer(max_steps=1, accumulate_grad_batches=2)
     run.fit(module, DataLoader(dataset(), batch_size=4))
     features, targets = dataset().tensors
-    losses = [
-        functional.mse_loss(module.net(features[i : i + 4]), targets[i : i + 4]).item() for i in range(0, 16, 4)
-    ]
+    losses = [functional.mse_loss(module.net(features[i : i + 4]), targets[i : i + 4]).item() for i in range(0, 16, 4)]
     assert run.callback_metrics["train_loss"].item() == pytest.approx(sum(losses) / 4, rel=1e-6)
     assert run.callback_metrics["largest_loss"].item() == pytest.approx(max(losses), rel=1e-6)
 
@@ -238,3 +240,21 @@ def test_the_demo_trains_on_ipus_and_its_checkpoint_resumes_under_single_device(
     (checkpoint,) = tmp_path.glob("stratagem_demo/checkpoints/version_0/*.ckpt")
     resumed = demo("--strategy", "single_device", "--max-steps", "25", "--ckpt-path", str(checkpoint))
     assert "done after 25 steps" in resumed.stdout
+
+
+def test_a_single_device_checkpoint_validates_alike_under_ipu_strategy(tmp_path):
+    module = Regression()
+    single = Trainer(
+        strategy="single_device",
+        accelerator="cpu",
+        devices=1,
+        max_epochs=1,
+        logger=False,
+        enable_progress_bar=False,
+        enable_checkpointing=False,
+    )
+    single.fit(module, DataLoader(dataset(), batch_size=8))
+    single.save_checkpoint(tmp_path / "cpu.ckpt")
+    cpu_loss = single.validate(module, DataLoader(dataset(), batch_size=8))[0]["val_loss"]
+    ipu_loss = trainer().validate(Regression(), DataLoader(dataset(), batch_size=4), ckpt_path=tmp_path / "cpu.ckpt")
+    assert ipu_loss[0]["val_loss"] == pytest.approx(cpu_loss, rel=1e-5)

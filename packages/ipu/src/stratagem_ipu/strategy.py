@@ -83,7 +83,9 @@ class IPUStrategy(Strategy, OwnsTrainingStep, RebuildsDataLoaders):
         if autoreport_dir is not None and not isinstance(autoreport_dir, str | Path):
             raise TypeError(f"autoreport_dir={autoreport_dir!r} is not valid; expected a path (str or Path) or None.")
         if autoreport_dir is not None and not autoreport:
-            raise ValueError(f"autoreport_dir={str(autoreport_dir)!r} is given but autoreport=False; set autoreport=True.")
+            raise ValueError(
+                f"autoreport_dir={str(autoreport_dir)!r} is given but autoreport=False; set autoreport=True."
+            )
         for name, options in (("training_opts", training_opts), ("inference_opts", inference_opts)):
             if options is not None and not isinstance(options, self._poptorch.Options):
                 raise TypeError(f"{name}={options!r} is not valid; expected a poptorch.Options or None.")
@@ -140,7 +142,10 @@ class IPUStrategy(Strategy, OwnsTrainingStep, RebuildsDataLoaders):
         self._replication_factor = _agreeing(
             "replication_factor", self._replication_factor, "devices", None, len(devices), given_default=len(devices)
         )
-        for name, options in (("training_opts", self._user_training_opts), ("inference_opts", self._user_inference_opts)):
+        for name, options in (
+            ("training_opts", self._user_training_opts),
+            ("inference_opts", self._user_inference_opts),
+        ):
             if options is not None and options.replication_factor not in (1, self._replication_factor):
                 raise ValueError(
                     f"{name}.replication_factor={options.replication_factor} contradicts the "
@@ -148,7 +153,8 @@ class IPUStrategy(Strategy, OwnsTrainingStep, RebuildsDataLoaders):
                 )
         if self.precision.name not in SUPPORTED:
             raise ValueError(
-                f"precision={self.precision.name!r} is not supported by ipu_strategy; use one of {', '.join(SUPPORTED)}."
+                f"precision={self.precision.name!r} is not supported by ipu_strategy; use one of "
+                f"{', '.join(SUPPORTED)}."
             )
         if isinstance(self.precision, MixedPrecision):
             self._precision = IPUMixedPrecision()
@@ -161,12 +167,12 @@ class IPUStrategy(Strategy, OwnsTrainingStep, RebuildsDataLoaders):
                 "holds the gradients to clip. Leave gradient_clip_val unset."
             )
         user = self._user_training_opts
-        if user is not None and user.Training.gradient_accumulation not in (1, settings.accumulate_grad_batches):
-            if settings.accumulate_grad_batches != 1:
-                raise ValueError(
-                    f"accumulate_grad_batches={settings.accumulate_grad_batches} contradicts training_opts' "
-                    f"Training.gradientAccumulation({user.Training.gradient_accumulation}); give one of them."
-                )
+        accumulate = settings.accumulate_grad_batches
+        if user is not None and accumulate != 1 and user.Training.gradient_accumulation not in (1, accumulate):
+            raise ValueError(
+                f"accumulate_grad_batches={accumulate} contradicts training_opts' "
+                f"Training.gradientAccumulation({user.Training.gradient_accumulation}); give one of them."
+            )
         self._accumulate = settings.accumulate_grad_batches
         if user is not None and settings.accumulate_grad_batches == 1:
             self._accumulate = user.Training.gradient_accumulation
@@ -216,11 +222,15 @@ class IPUStrategy(Strategy, OwnsTrainingStep, RebuildsDataLoaders):
     def setup_optimizers(self, optimizers: list[Optimizer]) -> list[Optimizer]:
         optimizers = super().setup_optimizers(optimizers)
         if not optimizers:
-            raise ValueError("ipu_strategy compiles the optimizer into the training executable: configure_optimizers "
-                             "must return one optimizer.")
+            raise ValueError(
+                "ipu_strategy compiles the optimizer into the training executable: configure_optimizers "
+                "must return one optimizer."
+            )
         if isinstance(optimizers[0], LBFGS):
-            raise ValueError("ipu_strategy cannot train with LBFGS: its step re-evaluates the model in a closure, "
-                             "which a compiled step cannot do. Use another optimizer.")
+            raise ValueError(
+                "ipu_strategy cannot train with LBFGS: its step re-evaluates the model in a closure, "
+                "which a compiled step cannot do. Use another optimizer."
+            )
         self._optimizer = optimizers[0]
         step = StepModule(
             self._user_module(),
@@ -241,8 +251,9 @@ class IPUStrategy(Strategy, OwnsTrainingStep, RebuildsDataLoaders):
             return loader
         if not isinstance(loader, DataLoader) or isinstance(loader.dataset, IterableDataset):
             raise ValueError(
-                f"ipu_strategy feeds IPUs through poptorch.DataLoader, rebuilt from a torch DataLoader over a map-style "
-                f"dataset; the {stage} data is {type(loader).__name__}. Pass a DataLoader, or a poptorch.DataLoader."
+                "ipu_strategy feeds IPUs through poptorch.DataLoader, rebuilt from a torch DataLoader over a "
+                f"map-style dataset; the {stage} data is {type(loader).__name__}. Pass a DataLoader, or a "
+                "poptorch.DataLoader."
             )
         if loader.batch_size is None or type(loader.sampler) not in (RandomSampler, SequentialSampler):
             raise ValueError(
@@ -348,9 +359,7 @@ class IPUStrategy(Strategy, OwnsTrainingStep, RebuildsDataLoaders):
             super().teardown()
 
     def __repr__(self) -> str:
-        return (
-            f"IPUStrategy(device_iterations={self._device_iterations}, replication_factor={self.replication_factor})"
-        )
+        return f"IPUStrategy(device_iterations={self._device_iterations}, replication_factor={self.replication_factor})"
 
     # -- helpers ----------------------------------------------------------------------------
 
@@ -427,4 +436,3 @@ def _restore_variable(name: str, value: str | None) -> None:
         os.environ.pop(name, None)
     else:
         os.environ[name] = value
-

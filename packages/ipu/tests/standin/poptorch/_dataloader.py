@@ -37,11 +37,8 @@ class DataLoader(torch.utils.data.DataLoader):
             raise TypeError(f"poptorch.DataLoader: options must be poptorch.Options, got {type(options).__name__}")
         self.options = options
         self.micro_batch_size = batch_size
-        self.combinedBatchSize = (  # noqa: N815 - PopTorch's name
-            batch_size
-            * options.device_iterations
-            * options.replication_factor
-            * options.Training.gradient_accumulation
+        self.combinedBatchSize = (
+            batch_size * options.device_iterations * options.replication_factor * options.Training.gradient_accumulation
         )
         super().__init__(
             dataset,

@@ -25,11 +25,11 @@ def _pool_size() -> int:
     return int(os.environ.get(_POOL_VARIABLE, "4"))
 
 
-def ipuHardwareIsAvailable(num_ipus: int = 1) -> bool:  # noqa: N802 - PopTorch's name
+def ipuHardwareIsAvailable(num_ipus: int = 1) -> bool:
     return 0 < num_ipus <= _pool_size()
 
 
-def ipuHardwareVersion() -> int:  # noqa: N802
+def ipuHardwareVersion() -> int:
     return 2
 
 
@@ -45,13 +45,13 @@ def identity_loss(x: torch.Tensor, reduction: str) -> torch.Tensor:
     return x
 
 
-def trainingModel(  # noqa: N802
+def trainingModel(
     model: nn.Module, options: Options | None = None, optimizer: torch.optim.Optimizer | None = None
 ) -> PoplarExecutor:
     return PoplarExecutor(model, options or Options(), training=True, optimizer=optimizer)
 
 
-def inferenceModel(model: nn.Module, options: Options | None = None) -> PoplarExecutor:  # noqa: N802
+def inferenceModel(model: nn.Module, options: Options | None = None) -> PoplarExecutor:
     options = options or Options()
     if options.Training.gradient_accumulation != 1:
         raise ValueError(
@@ -84,10 +84,10 @@ class PoplarExecutor:
 
     # -- state ------------------------------------------------------------------------------
 
-    def isCompiled(self) -> bool:  # noqa: N802
+    def isCompiled(self) -> bool:
         return self._executable is not None
 
-    def isAttachedToDevice(self) -> bool:  # noqa: N802
+    def isAttachedToDevice(self) -> bool:
         return self._attached
 
     def compile(self, *args: Any, **kwargs: Any) -> None:
@@ -97,7 +97,7 @@ class PoplarExecutor:
             _write_auto_report(self)
             self.attachToDevice()
 
-    def attachToDevice(self) -> None:  # noqa: N802
+    def attachToDevice(self) -> None:
         global _ipus_in_use
         self._check_alive()
         if self._executable is None:
@@ -115,7 +115,7 @@ class PoplarExecutor:
         self._attached = True
         self._upload()
 
-    def detachFromDevice(self) -> None:  # noqa: N802
+    def detachFromDevice(self) -> None:
         global _ipus_in_use
         if not self._attached:
             raise RuntimeError("detachFromDevice: the model is not attached to a device")
@@ -126,7 +126,7 @@ class PoplarExecutor:
         self._device_state = {}
         self._device_optimizer = None
 
-    def copyWeightsToHost(self) -> None:  # noqa: N802
+    def copyWeightsToHost(self) -> None:
         self._check_attached("copyWeightsToHost")
         with torch.no_grad():
             for name, tensor in self._host_tensors().items():
@@ -137,11 +137,11 @@ class PoplarExecutor:
             state["param_groups"] = self._user_optimizer.state_dict()["param_groups"]
             self._user_optimizer.load_state_dict(state)
 
-    def copyWeightsToDevice(self) -> None:  # noqa: N802
+    def copyWeightsToDevice(self) -> None:
         self._check_attached("copyWeightsToDevice")
         self._upload()
 
-    def setOptimizer(self, optimizer: torch.optim.Optimizer) -> None:  # noqa: N802
+    def setOptimizer(self, optimizer: torch.optim.Optimizer) -> None:
         if not self.training:
             raise RuntimeError("setOptimizer: only a training model has an optimizer")
         self._user_optimizer = optimizer

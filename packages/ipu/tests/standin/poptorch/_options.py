@@ -35,11 +35,11 @@ class _TrainingOptions:
         self.gradient_accumulation = 1
         self.accumulation_and_replication_reduction_type = ReductionType.Mean
 
-    def gradientAccumulation(self, gradient_accumulation: int) -> _TrainingOptions:  # noqa: N802 - PopTorch's name
+    def gradientAccumulation(self, gradient_accumulation: int) -> _TrainingOptions:
         self.gradient_accumulation = _positive("gradientAccumulation", gradient_accumulation)
         return self
 
-    def accumulationAndReplicationReductionType(self, reduction_type: ReductionType) -> _TrainingOptions:  # noqa: N802
+    def accumulationAndReplicationReductionType(self, reduction_type: ReductionType) -> _TrainingOptions:
         if reduction_type not in (ReductionType.Sum, ReductionType.Mean):
             raise ValueError(f"accumulationAndReplicationReductionType({reduction_type!r}): expected Sum or Mean")
         self.accumulation_and_replication_reduction_type = reduction_type
@@ -57,26 +57,26 @@ class Options:
         self.random_seed: int | None = None
         self.Training = _TrainingOptions()
 
-    def deviceIterations(self, device_iterations: int) -> Options:  # noqa: N802
+    def deviceIterations(self, device_iterations: int) -> Options:
         self.device_iterations = _positive("deviceIterations", device_iterations)
         return self
 
-    def replicationFactor(self, replication_factor: int) -> Options:  # noqa: N802
+    def replicationFactor(self, replication_factor: int) -> Options:
         self.replication_factor = _positive("replicationFactor", replication_factor)
         return self
 
-    def outputMode(self, output_mode: OutputMode, output_return_period: int | None = None) -> Options:  # noqa: N802
+    def outputMode(self, output_mode: OutputMode, output_return_period: int | None = None) -> Options:
         if not isinstance(output_mode, OutputMode):
             raise TypeError(f"outputMode({output_mode!r}): expected a poptorch.OutputMode")
         self.output_mode = output_mode
         self.output_return_period = output_return_period or 1
         return self
 
-    def randomSeed(self, random_seed: int) -> Options:  # noqa: N802
+    def randomSeed(self, random_seed: int) -> Options:
         self.random_seed = int(random_seed)
         return self
 
-    def toDict(self) -> dict[str, Any]:  # noqa: N802
+    def toDict(self) -> dict[str, Any]:
         return {
             "device_iterations": self.device_iterations,
             "replication_factor": self.replication_factor,
