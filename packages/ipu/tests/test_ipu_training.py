@@ -258,3 +258,13 @@ def test_a_single_device_checkpoint_validates_alike_under_ipu_strategy(tmp_path)
     cpu_loss = single.validate(module, DataLoader(dataset(), batch_size=8))[0]["val_loss"]
     ipu_loss = trainer().validate(Regression(), DataLoader(dataset(), batch_size=4), ckpt_path=tmp_path / "cpu.ckpt")
     assert ipu_loss[0]["val_loss"] == pytest.approx(cpu_loss, rel=1e-5)
+
+
+def test_a_poptorch_dataloader_of_the_user_is_used_when_it_combines_as_the_strategy_does():
+    options = poptorch.Options().replicationFactor(2)
+    run = trainer(max_epochs=1)
+    run.fit(Regression(), poptorch.DataLoader(options, dataset(), batch_size=4))
+    assert run.global_step == SAMPLES // 8
+    mismatched = poptorch.Options().replicationFactor(2).deviceIterations(2)
+    with pytest.raises(ValueError, match=r"built with device_iterations=2, but ipu_strategy runs with device_iter"):
+        trainer(max_epochs=1).fit(Regression(), poptorch.DataLoader(mismatched, dataset(), batch_size=4))

@@ -248,6 +248,7 @@ class IPUStrategy(Strategy, OwnsTrainingStep, RebuildsDataLoaders):
 
     def rebuild_dataloader(self, loader: Iterable[Any], stage: LoaderStage) -> Iterable[Any]:
         if isinstance(loader, self._poptorch.DataLoader):
+            self._check_given_loader(loader, stage)
             return loader
         if not isinstance(loader, DataLoader) or isinstance(loader.dataset, IterableDataset):
             raise ValueError(
@@ -377,6 +378,25 @@ class IPUStrategy(Strategy, OwnsTrainingStep, RebuildsDataLoaders):
         options.Training.gradientAccumulation(self._accumulate if training else 1)
         options.outputMode(self._poptorch.OutputMode.All)
         return options
+
+    def _check_given_loader(self, loader: Any, stage: LoaderStage) -> None:
+        """A user's own poptorch.DataLoader must combine as many micro-batches as the executor consumes."""
+        given = loader.options
+        expected = self._options(training=stage == "fit")
+        for name in ("device_iterations", "replication_factor"):
+            if getattr(given, name) != getattr(expected, name):
+                raise ValueError(
+                    f"The {stage} poptorch.DataLoader was built with {name}={getattr(given, name)}, but ipu_strategy "
+                    f"runs with {name}={getattr(expected, name)}; build it with the strategy's options, or let the "
+                    "strategy build it from a torch DataLoader."
+                )
+        if given.Training.gradient_accumulation != expected.Training.gradient_accumulation:
+            raise ValueError(
+                f"The {stage} poptorch.DataLoader was built with gradient accumulation "
+                f"{given.Training.gradient_accumulation}, but ipu_strategy accumulates "
+                f"{expected.Training.gradient_accumulation} (accumulate_grad_batches) for this stage; build it with "
+                "the strategy's options, or let the strategy build it from a torch DataLoader."
+            )
 
     def _attach(self, executor: Any) -> None:
         """Only the executor about to run holds IPUs: the others are detached (their weights reach the host)."""
