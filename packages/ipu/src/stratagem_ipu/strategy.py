@@ -117,23 +117,9 @@ class IPUStrategy(Strategy, OwnsTrainingStep, RebuildsDataLoaders):
 
     # -- wiring -----------------------------------------------------------------------------
 
-    def configure(
-        self,
-        *,
-        accelerator: Accelerator,
-        devices: list[torch.device],
-        num_nodes: int,
-        precision: Precision,
-        checkpoint_io: CheckpointIO | None,
-        cluster_environment: ClusterEnvironment,
+    def configure_placement(
+        self, *, devices: list[torch.device], num_nodes: int, cluster_environment: ClusterEnvironment
     ) -> None:
-        self._accelerator = self._accelerator or accelerator
-        self._precision = self._precision or precision
-        self._checkpoint_io = self._checkpoint_io or checkpoint_io
-        if self.accelerator.device_type != "ipu":
-            raise ValueError(
-                f"strategy='ipu_strategy' runs on accelerator='ipu', not {self.accelerator.device_type!r}."
-            )
         if num_nodes != 1:
             raise ValueError(
                 f"strategy='ipu_strategy' runs from one host process (num_nodes=1); got num_nodes={num_nodes}. "
@@ -142,6 +128,12 @@ class IPUStrategy(Strategy, OwnsTrainingStep, RebuildsDataLoaders):
         self._replication_factor = _agreeing(
             "replication_factor", self._replication_factor, "devices", None, len(devices), given_default=len(devices)
         )
+
+    def complete_configuration(self) -> None:
+        if self.accelerator.device_type != "ipu":
+            raise ValueError(
+                f"strategy='ipu_strategy' runs on accelerator='ipu', not {self.accelerator.device_type!r}."
+            )
         for name, options in (
             ("training_opts", self._user_training_opts),
             ("inference_opts", self._user_inference_opts),

@@ -9,9 +9,9 @@ from stratagem.strategies.capabilities import (
     RebuildsDataLoaders,
 )
 from stratagem.strategies.init_contexts import skip_parameter_init
-from stratagem.strategies.parallel import ParallelStrategy
+from stratagem.strategies.parallel import ParallelOptions, ParallelStrategy, split_parallel_options
 from stratagem.strategies.single_device import SingleDeviceStrategy
-from stratagem.strategies.strategy import LoopSettings, ReduceOp, Strategy
+from stratagem.strategies.strategy import LoopSettings, ReduceOp, Strategy, StrategyOptions
 
 __all__ = [
     "BackwardSyncControl",
@@ -20,10 +20,13 @@ __all__ = [
     "LoopSettings",
     "OwnsAccumulation",
     "OwnsTrainingStep",
+    "ParallelOptions",
     "ParallelStrategy",
     "RebuildsDataLoaders",
     "ReduceOp",
     "SingleDeviceStrategy",
     "Strategy",
+    "StrategyOptions",
     "skip_parameter_init",
+    "split_parallel_options",
 ]
