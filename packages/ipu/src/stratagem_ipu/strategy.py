@@ -18,7 +18,7 @@ import json
 import os
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -26,11 +26,10 @@ from torch.optim import LBFGS, Optimizer
 from torch.utils.data import DataLoader, IterableDataset, RandomSampler, SequentialSampler
 
 from stratagem import Module
-from stratagem.accelerators import Accelerator
-from stratagem.checkpoint_io import CheckpointIO, PathLike
+from stratagem.checkpoint_io import PathLike
 from stratagem.environments import ClusterEnvironment
 from stratagem.launchers import InProcessLauncher, Launcher
-from stratagem.precision import MixedPrecision, Precision
+from stratagem.precision import MixedPrecision
 from stratagem.strategies import (
     EngineSteps,
     LoaderStage,
@@ -39,11 +38,15 @@ from stratagem.strategies import (
     RebuildsDataLoaders,
     ReduceOp,
     Strategy,
+    StrategyOptions,
 )
 from stratagem.strategies.collective_arguments import reduce_operation
 from stratagem_ipu.accelerator import POPTORCH_MISSING, poptorch_installed
 from stratagem_ipu.precision import SUPPORTED, IPUMixedPrecision
 from stratagem_ipu.step_module import StepModule, log_reduced
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 _HOST = torch.device("cpu")
 
@@ -68,11 +71,9 @@ class IPUStrategy(Strategy, OwnsTrainingStep, RebuildsDataLoaders):
         autoreport_dir: str | Path | None = None,
         training_opts: Any = None,
         inference_opts: Any = None,
-        accelerator: Accelerator | None = None,
-        precision: Precision | None = None,
-        checkpoint_io: CheckpointIO | None = None,
+        **strategy_options: Unpack[StrategyOptions],
     ) -> None:
-        super().__init__(accelerator=accelerator, precision=precision, checkpoint_io=checkpoint_io)
+        super().__init__(**strategy_options)
         if not poptorch_installed():
             raise ModuleNotFoundError(f"ipu_strategy needs PopTorch. {POPTORCH_MISSING}.")
         self._poptorch = importlib.import_module("poptorch")
