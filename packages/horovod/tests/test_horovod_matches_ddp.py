@@ -41,6 +41,8 @@ def _train(launch: str, options: list[str], out: Path) -> list[dict[str, torch.T
         command, env={**environment, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=300
     )
     assert completed.returncode == 0, completed.stdout + completed.stderr
+    # The job's StepLR is made for the user's optimizer; stepping horovod's copy must not look like a wrong order.
+    assert "lr_scheduler.step()` before `optimizer.step()`" not in completed.stderr
     return [torch.load(out / f"rank-{rank}.pt", weights_only=True) for rank in (0, 1)]
 
 

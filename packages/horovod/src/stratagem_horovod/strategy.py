@@ -75,6 +75,7 @@ class HorovodStrategy(ParallelStrategy):
         self._replaced_variables: dict[str, str | None] = {}
         self._horovod_initialized = False
         self._synchronized: set[int] = set()
+        self._original_of: dict[int, Optimizer] = {}
 
     def complete_configuration(self) -> None:
         if self.precision.param_dtype == torch.bfloat16:
@@ -138,20 +139,23 @@ class HorovodStrategy(ParallelStrategy):
         optimizers = super().setup_optimizers(optimizers)
         compression = hvd.Compression.fp16 if self.compression == "fp16" else hvd.Compression.none
         wrapped = []
+        self._original_of.clear()
         for optimizer in optimizers:
             # A fresh optimizer has no state to share, and horovod would create it by stepping on zero
             # gradients, which moves the parameters under weight decay: broadcast only what rank 0 holds.
             if self.broadcast(bool(optimizer.state)):
                 hvd.broadcast_optimizer_state(optimizer, root_rank=0)
-            wrapped.append(
-                hvd.DistributedOptimizer(
-                    optimizer,
-                    named_parameters=self.module.named_parameters(),
-                    compression=compression,
-                    backward_passes_per_step=self.loop_settings.accumulate_grad_batches,
-                    gradient_predivide_factor=self.gradient_predivide_factor,
-                )
+            distributed = hvd.DistributedOptimizer(
+                optimizer,
+                named_parameters=self.module.named_parameters(),
+                compression=compression,
+                backward_passes_per_step=self.loop_settings.accumulate_grad_batches,
+                gradient_predivide_factor=self.gradient_predivide_factor,
             )
+            # horovod's optimizer is a new object sharing the user's param_groups, so schedulers made for the
+            # user's optimizer still set the learning rate it uses.
+            self._original_of[id(distributed)] = optimizer
+            wrapped.append(distributed)
         self._synchronized.clear()
         return wrapped
 
@@ -171,7 +175,13 @@ class HorovodStrategy(ParallelStrategy):
         self._synchronize(optimizer)
         self._synchronized.discard(id(optimizer))
         with optimizer.skip_synchronize():  # type: ignore[attr-defined]
-            return super().optimizer_step(optimizer)
+            result = super().optimizer_step(optimizer)
+        original = self._original_of.get(id(optimizer))
+        if original is not None:
+            # torch's LR schedulers learn that their optimizer stepped from this flag, set by the step() they
+            # patch on the user's optimizer; the step ran on horovod's copy, so they would warn of a wrong order.
+            original._opt_called = True  # type: ignore[attr-defined]
+        return result
 
     def zero_grad(self, optimizer: Optimizer) -> None:
         # horovod's DistributedOptimizer.zero_grad takes no set_to_none; torch's default sets them to None.
