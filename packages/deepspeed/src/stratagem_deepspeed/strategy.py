@@ -20,7 +20,14 @@ from stratagem.accelerators import Accelerator
 from stratagem.checkpoint_io import CheckpointIO, PathLike, move_into_place, temporary_sibling
 from stratagem.environments.cluster_environment import ClusterEnvironment
 from stratagem.precision import Precision
-from stratagem.strategies import LoopSettings, OwnsAccumulation, ParallelStrategy, skip_parameter_init
+from stratagem.strategies import (
+    LoopSettings,
+    MemoryEstimate,
+    ModelFootprint,
+    OwnsAccumulation,
+    ParallelStrategy,
+    skip_parameter_init,
+)
 from stratagem.strategies.parallel import DEFAULT_TIMEOUT
 from stratagem_deepspeed import checkpoint_layout as layout
 from stratagem_deepspeed.activation_checkpointing import (
@@ -38,6 +45,7 @@ from stratagem_deepspeed.environment import (
     select_deepspeed_accelerator,
 )
 from stratagem_deepspeed.lightning_options import parse_lightning_options, upgrade_boolean_offload
+from stratagem_deepspeed.memory import deepspeed_estimate
 from stratagem_deepspeed.stage_3_release import release_partitioned_parameters
 
 if TYPE_CHECKING:
@@ -219,6 +227,9 @@ class DeepSpeedStrategy(ParallelStrategy, OwnsAccumulation):
     @property
     def zero_stage(self) -> int:
         return zero_stage(self.config)
+
+    def estimate_memory(self, footprint: ModelFootprint) -> MemoryEstimate:
+        return deepspeed_estimate(footprint, self.config, self.world_size)
 
     @property
     def checkpoint_io(self) -> CheckpointIO:

@@ -30,10 +30,11 @@ from stratagem.accelerators import Accelerator
 from stratagem.checkpoint_io import CheckpointError, CheckpointIO, PathLike, read_full_checkpoint
 from stratagem.environments.cluster_environment import ClusterEnvironment
 from stratagem.precision import Precision
-from stratagem.strategies import BackwardSyncControl, ParallelStrategy
+from stratagem.strategies import BackwardSyncControl, MemoryEstimate, ModelFootprint, ParallelStrategy
 from stratagem.strategies.parallel import DEFAULT_TIMEOUT
 from stratagem_fsdp.checkpoint_io import DistributedCheckpointIO
 from stratagem_fsdp.materialize import has_meta_tensors, materialize
+from stratagem_fsdp.memory import fsdp_estimate
 from stratagem_fsdp.optimizer_state import parameter_names, to_index_keyed, to_name_keyed
 from stratagem_fsdp.options import (
     ModulePolicy,
@@ -134,6 +135,9 @@ class FSDPStrategy(ParallelStrategy, BackwardSyncControl):
             self.sharding_strategy, self.num_processes * self.num_nodes, self.num_nodes, self._device_mesh_shape
         )
         self._offload_policy = offload_policy(self.cpu_offload, self.accelerator.device_type)
+
+    def estimate_memory(self, footprint: ModelFootprint) -> MemoryEstimate:
+        return fsdp_estimate(footprint, self._configured_layout, self._auto_wrap, offload=bool(self.cpu_offload))
 
     @property
     def checkpoint_io(self) -> CheckpointIO:

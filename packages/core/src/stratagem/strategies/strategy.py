@@ -21,6 +21,7 @@ from stratagem.precision import Precision
 from stratagem.strategies._forward_redirect import call_through_forward
 from stratagem.strategies.capabilities import adopt_legacy_capabilities
 from stratagem.strategies.init_contexts import skip_parameter_init
+from stratagem.strategies.memory import MemoryEstimate, ModelFootprint, replicated_estimate
 
 ReduceOp = Literal["sum", "mean", "max", "min"]
 
@@ -147,6 +148,15 @@ class Strategy(ABC):
         before anything starts. One process calls either kind.
         """
         return None
+
+    def estimate_memory(self, footprint: ModelFootprint) -> MemoryEstimate:
+        """What one rank would hold at its peak training a model of ``footprint``, as configured.
+
+        Called in the calling process after :meth:`configure`, before anything starts (by ``strategy="auto"``
+        and ``stratagem plan``). The default is a replicated strategy's: every rank holds the whole training
+        state. A strategy that shards or offloads overrides it.
+        """
+        return replicated_estimate(footprint)
 
     @property
     def distributed_sampler_kwargs(self) -> dict[str, int] | None:
