@@ -18,6 +18,7 @@ from stratagem.checkpoint_io import CheckpointIO, PathLike
 from stratagem.environments.cluster_environment import ClusterEnvironment
 from stratagem.launchers import Launcher
 from stratagem.precision import Precision
+from stratagem.strategies._batch import move_to_device
 from stratagem.strategies._forward_redirect import call_through_forward
 from stratagem.strategies.capabilities import adopt_legacy_capabilities
 from stratagem.strategies.init_contexts import skip_parameter_init
@@ -287,8 +288,6 @@ class Strategy(ABC):
 
     def batch_to_device(self, batch: Any) -> Any:
         """Move a batch to :attr:`root_device` and the precision's input dtype."""
-        from stratagem.strategies._batch import move_to_device
-
         return self.precision.convert_input(move_to_device(batch, self.root_device))
 
     # -- collectives ------------------------------------------------------------------------
