@@ -3,9 +3,9 @@
 from stratagem.strategies.capabilities import BackwardSyncControl, OwnsAccumulation
 from stratagem.strategies.init_contexts import skip_parameter_init
 from stratagem.strategies.memory import MemoryEstimate, ModelFootprint, replicated_estimate
-from stratagem.strategies.parallel import ParallelStrategy
+from stratagem.strategies.parallel import ParallelOptions, ParallelStrategy, split_parallel_options
 from stratagem.strategies.single_device import SingleDeviceStrategy
-from stratagem.strategies.strategy import LoopSettings, ReduceOp, Strategy
+from stratagem.strategies.strategy import LoopSettings, ReduceOp, Strategy, StrategyOptions
 
 __all__ = [
     "BackwardSyncControl",
@@ -13,10 +13,13 @@ __all__ = [
     "MemoryEstimate",
     "ModelFootprint",
     "OwnsAccumulation",
+    "ParallelOptions",
     "ParallelStrategy",
     "ReduceOp",
     "SingleDeviceStrategy",
     "Strategy",
+    "StrategyOptions",
     "replicated_estimate",
     "skip_parameter_init",
+    "split_parallel_options",
 ]
