@@ -207,3 +207,13 @@ def test_auto_keeps_the_usual_strategy_when_the_model_cannot_be_copied_to_measur
     name, reason = choose_strategy(module, AutoRequest("cpu", 1, 1, None, None), "single_device")
     assert name == "single_device"
     assert "the model could not be measured (TypeError" in (reason or "")
+
+
+def test_plan_counts_what_each_process_holds_before_the_model_against_the_memory():
+    footprint, _ = model_footprint(Blocks())
+    need = footprint.training_state_bytes + footprint.activation_bytes
+    room = int(need / 0.85) + 1024
+    bare = Resources(host_memory_bytes=room, device_memory_bytes=None, disk_bytes=GIB)
+    loaded = Resources(host_memory_bytes=room, device_memory_bytes=None, disk_bytes=GIB, process_bytes=need)
+    assert plan(Blocks(), ["single_device"], accelerator="cpu", devices=1, resources=bare).chosen is not None
+    assert plan(Blocks(), ["single_device"], accelerator="cpu", devices=1, resources=loaded).chosen is None

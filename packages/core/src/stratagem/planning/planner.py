@@ -138,9 +138,9 @@ def judge(name: str, strategy: Strategy, footprint: ModelFootprint, resources: R
     device_is_host = strategy.root_device.type == "cpu" or resources.device_memory_bytes is None
     limits = []
     if device_is_host:
-        host_need = (estimate.device_bytes + estimate.host_bytes) * processes
+        host_need = (estimate.device_bytes + estimate.host_bytes + resources.process_bytes) * processes
     else:
-        host_need = estimate.host_bytes * processes
+        host_need = (estimate.host_bytes + resources.process_bytes) * processes
         assert resources.device_memory_bytes is not None
         limits.append(("device memory per rank", estimate.device_bytes, resources.device_memory_bytes))
     limits.append(("host memory", host_need, resources.host_memory_bytes))

@@ -21,6 +21,9 @@ class Resources:
     """Free memory of one accelerator device, ``None`` when the devices are the host's CPU."""
     disk_bytes: int
     """Free space where offloaded state and checkpoints would go."""
+    process_bytes: int = 0
+    """Host memory one rank holds before any model exists (this process's resident size: the interpreter, torch
+    and the script's own data), added per rank to what a strategy estimates."""
 
 
 def visible_resources(device: torch.device, disk_path: str | os.PathLike[str] = ".") -> Resources:
@@ -32,6 +35,7 @@ def visible_resources(device: torch.device, disk_path: str | os.PathLike[str] = 
         host_memory_bytes=host_memory_bytes(),
         device_memory_bytes=device_memory,
         disk_bytes=shutil.disk_usage(_existing(Path(disk_path))).free,
+        process_bytes=_resident_bytes(),
     )
 
 
@@ -84,6 +88,14 @@ def _room(directory: Path, limit_file: str, usage_file: str) -> int | None:
     if limit == "max" or int(limit) >= 2**62:
         return None
     return max(0, int(limit) - usage)
+
+
+def _resident_bytes() -> int:
+    try:
+        pages = int(Path("/proc/self/statm").read_text().split()[1])
+    except (OSError, ValueError, IndexError):
+        return 0
+    return pages * os.sysconf("SC_PAGE_SIZE")
 
 
 def _existing(path: Path) -> Path:
