@@ -1,6 +1,11 @@
 """Strategies: how a run is distributed."""
 
-from stratagem.strategies.capabilities import BackwardSyncControl, OwnsAccumulation
+from stratagem.strategies.capabilities import (
+    BackwardSyncControl,
+    OwnsAccumulation,
+    StepBoundary,
+    StepBoundaryListener,
+)
 from stratagem.strategies.init_contexts import skip_parameter_init
 from stratagem.strategies.parallel import ParallelStrategy
 from stratagem.strategies.single_device import SingleDeviceStrategy
@@ -13,6 +18,8 @@ __all__ = [
     "ParallelStrategy",
     "ReduceOp",
     "SingleDeviceStrategy",
+    "StepBoundary",
+    "StepBoundaryListener",
     "Strategy",
     "skip_parameter_init",
 ]
