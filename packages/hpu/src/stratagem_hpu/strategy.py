@@ -104,7 +104,9 @@ class HPUStrategy(Strategy, StepBoundaryListener):
 class HPUSingleStrategy(HPUStrategy, SingleDeviceStrategy):
     """One Gaudi card in this process (``hpu_single``). Options: see :class:`HPUStrategy`."""
 
-    def __init__(self, *, execution_mode: ExecutionMode | None = None, hpu_graphs: bool = False, **options: Any) -> None:
+    def __init__(
+        self, *, execution_mode: ExecutionMode | None = None, hpu_graphs: bool = False, **options: Any
+    ) -> None:
         super().__init__(**options)
         self._take_hpu_options(execution_mode, hpu_graphs)
 
@@ -127,7 +129,9 @@ class HPUParallelStrategy(HPUStrategy, DDPStrategy):
     process group. Options: those of :class:`HPUStrategy` and of ``stratagem_ddp.DDPStrategy``.
     """
 
-    def __init__(self, *, execution_mode: ExecutionMode | None = None, hpu_graphs: bool = False, **options: Any) -> None:
+    def __init__(
+        self, *, execution_mode: ExecutionMode | None = None, hpu_graphs: bool = False, **options: Any
+    ) -> None:
         super().__init__(**options)
         self._take_hpu_options(execution_mode, hpu_graphs)
 

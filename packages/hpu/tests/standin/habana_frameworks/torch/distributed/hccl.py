@@ -23,9 +23,7 @@ if "hccl" not in dist.Backend.backend_list:
     dist.Backend.register_backend("hccl", _create_hccl, devices=["hpu", "cpu"])
 
 
-def initialize_distributed_hpu(
-    world_size: int = -1, rank: int = -1, local_rank: int = -1
-) -> tuple[int, int, int]:
+def initialize_distributed_hpu(world_size: int = -1, rank: int = -1, local_rank: int = -1) -> tuple[int, int, int]:
     """Habana reads the rank variables and prepares the card for HCCL; returns (world size, rank, local rank)."""
     record("initialize_distributed_hpu", world_size=world_size, rank=rank, local_rank=local_rank)
     world_size = world_size if world_size != -1 else int(os.environ.get("WORLD_SIZE", "1"))
