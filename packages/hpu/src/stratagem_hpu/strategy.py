@@ -60,7 +60,7 @@ class HPUStrategy(Strategy, StepBoundaryListener):
         self.hpu_graphs = hpu_graphs
 
     def complete_configuration(self) -> None:
-        super().complete_configuration()
+        getattr(super(), "complete_configuration", lambda: None)()  # WIRING-SHIM
         if self.accelerator.device_type != "hpu":
             raise ValueError(
                 f"{type(self).__name__} runs on Gaudi cards, but accelerator={self.accelerator.device_type!r}. "
