@@ -15,6 +15,8 @@ STANDIN = str(Path(__file__).with_name("standin"))
 
 sys.path.insert(0, STANDIN)
 os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [STANDIN, os.environ.get("PYTHONPATH")]))
+# DeepSpeed picks its HPU accelerator wherever habana_frameworks imports; the stand-in's cards compute on the CPU.
+os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
 _HABANA_VARIABLES = ("PT_HPU_LAZY_MODE", "HABANA_STANDIN_RECORD", "HABANA_STANDIN_FP8", "HABANA_STANDIN_DEVICES")
 

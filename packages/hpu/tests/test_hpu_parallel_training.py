@@ -1,5 +1,6 @@
-"""hpu_parallel on 2 stand-in cards: fit / validate / test / predict as a user's script runs them, mark_step exactly
-where Habana documents it, sync_dist over hccl, and a checkpoint that single_device evaluates alike."""
+"""hpu_parallel, and hpu_fsdp and hpu_deepspeed_stage_2 built on stratagem-fsdp and stratagem-deepspeed, on 2 stand-in
+cards: fit / validate / test / predict as a user's script runs them, mark_step exactly where Habana documents it,
+sync_dist over hccl, and a checkpoint that single_device evaluates alike."""
 
 from __future__ import annotations
 
@@ -22,15 +23,19 @@ FIT_BATCHES_PER_RANK = 2 * 64 // 8 // 2
 """Two epochs of 64 samples in batches of 8, split over 2 ranks."""
 
 
-@pytest.fixture(scope="module")
-def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("hpu_parallel")
+@pytest.fixture(scope="module", params=["hpu_parallel", "hpu_fsdp", "hpu_deepspeed_stage_2"])
+def run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp(request.param)
     records = out / "records"
     records.mkdir()
     environment = {key: value for key, value in os.environ.items() if key not in ("LOCAL_RANK", "RANK", "MASTER_PORT")}
-    environment.update(OMP_NUM_THREADS="1", HABANA_STANDIN_RECORD=str(records))
+    environment.update(OMP_NUM_THREADS="1", HABANA_STANDIN_RECORD=str(records), DS_BUILD_OPS="0")
     completed = subprocess.run(
-        [sys.executable, str(JOB), str(out)], env=environment, capture_output=True, text=True, timeout=280
+        [sys.executable, str(JOB), str(out), request.param],
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=280,
     )
     assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-5000:]
     return out

@@ -3,12 +3,16 @@ Habana's software is here is asked only when a name is described or used."""
 
 from __future__ import annotations
 
+import importlib.util
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from stratagem.registry import Registry
 
 _PARALLEL = "stratagem_hpu.strategy:HPUParallelStrategy"
+_FSDP_REQUIREMENT = "stratagem-fsdp>=0.1,<0.2"
+_DEEPSPEED_REQUIREMENT = "stratagem-deepspeed>=0.1,<0.2"
+_DEEPSPEED = "stratagem_hpu.deepspeed:HPUDeepSpeedStrategy"
 
 
 def register_strategies(registry: Registry) -> None:
@@ -26,6 +30,27 @@ def register_strategies(registry: Registry) -> None:
     registry.register(
         "hpu_ddp", _PARALLEL, description="hpu_parallel under lightning-habana's newer name: DDP over HCCL."
     )
+    registry.register(
+        "hpu_fsdp",
+        "stratagem_hpu.fsdp:HPUFSDPStrategy",
+        description="stratagem-fsdp's fsdp on Gaudi cards over HCCL, with HPU lazy mode.",
+        requires=_FSDP_REQUIREMENT,
+    )
+    for name, defaults, description in _deepspeed_variants():
+        registry.register(name, _DEEPSPEED, description=description, defaults=defaults, requires=_DEEPSPEED_REQUIREMENT)
+
+
+def _deepspeed_variants() -> list[tuple[str, dict[str, object], str]]:
+    """``hpu_<name>`` for every DeepSpeed alias stratagem-deepspeed registers (read from its light registration
+    module), or only ``hpu_deepspeed`` where it is not installed, listed unavailable with the install command."""
+    if importlib.util.find_spec("stratagem_deepspeed") is None:
+        return [("hpu_deepspeed", {}, "stratagem-deepspeed's deepspeed on Gaudi cards over HCCL.")]
+    from stratagem_deepspeed.registration import STRATEGY_ALIASES
+
+    return [
+        (f"hpu_{name}", dict(defaults), f"On Gaudi cards over HCCL: {description}")
+        for name, (defaults, description) in STRATEGY_ALIASES.items()
+    ]
 
 
 def register_accelerators(registry: Registry) -> None:

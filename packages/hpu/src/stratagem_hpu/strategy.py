@@ -95,9 +95,10 @@ class HPUStrategy(Strategy, StepBoundaryListener):
 
     def reduce(self, tensor: Any, op: ReduceOp = "mean", *, group: Any = None, reduce_op: Any = None) -> Any:
         op = reduce_operation(op, reduce_op)
+        # super() is the strategy HPUStrategy is mixed into, which implements reduce.
         if not isinstance(tensor, torch.Tensor) or tensor.is_floating_point() or tensor.is_complex():
-            return super().reduce(tensor, op, group=group)
-        reduced = super().reduce(tensor.to(torch.float32), op, group=group)
+            return super().reduce(tensor, op, group=group)  # type: ignore[safe-super]
+        reduced = super().reduce(tensor.to(torch.float32), op, group=group)  # type: ignore[safe-super]
         return reduced if op == "mean" else reduced.to(tensor.dtype)
 
 
