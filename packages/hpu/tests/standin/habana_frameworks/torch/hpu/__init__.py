@@ -43,7 +43,7 @@ def synchronize() -> None:
 
 
 def memory_stats(device: Any = None) -> dict[str, int]:
-    """Habana's keys; the values are this process's allocated CPU tensors as torch counts them (zero here)."""
+    """Habana's keys with fixed values: a CPU has no card memory to report."""
     return {
         "Limit": 96 * 1024**3,
         "InUse": 0,
