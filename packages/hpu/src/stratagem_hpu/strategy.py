@@ -60,7 +60,7 @@ class HPUStrategy(Strategy, StepBoundaryListener):
         self.hpu_graphs = hpu_graphs
 
     def complete_configuration(self) -> None:
-        getattr(super(), "complete_configuration", lambda: None)()  # WIRING-SHIM
+        super().complete_configuration()
         if self.accelerator.device_type != "hpu":
             raise ValueError(
                 f"{type(self).__name__} runs on Gaudi cards, but accelerator={self.accelerator.device_type!r}. "
@@ -110,10 +110,6 @@ class HPUSingleStrategy(HPUStrategy, SingleDeviceStrategy):
     ) -> None:
         super().__init__(**options)
         self._take_hpu_options(execution_mode, hpu_graphs)
-
-    def configure(self, **connector_values: Any) -> None:
-        super().configure(**connector_values)
-        self.complete_configuration()
 
     def complete_configuration(self) -> None:
         super().complete_configuration()
