@@ -2,7 +2,11 @@
 
 from stratagem.strategies.capabilities import (
     BackwardSyncControl,
+    EngineSteps,
+    LoaderStage,
     OwnsAccumulation,
+    OwnsTrainingStep,
+    RebuildsDataLoaders,
     StepBoundary,
     StepBoundaryListener,
 )
@@ -13,10 +17,14 @@ from stratagem.strategies.strategy import LoopSettings, ReduceOp, Strategy, Stra
 
 __all__ = [
     "BackwardSyncControl",
+    "EngineSteps",
+    "LoaderStage",
     "LoopSettings",
     "OwnsAccumulation",
+    "OwnsTrainingStep",
     "ParallelOptions",
     "ParallelStrategy",
+    "RebuildsDataLoaders",
     "ReduceOp",
     "SingleDeviceStrategy",
     "StepBoundary",
