@@ -77,6 +77,12 @@ PACKAGES: tuple[FirstPartyPackage, ...] = (
         },
     ),
     FirstPartyPackage(
+        extra="horovod",
+        distribution="stratagem-horovod",
+        names={"strategy": ("horovod",), "environment": ("horovodrun",)},
+    ),
+    FirstPartyPackage(extra="colossalai", distribution="stratagem-colossalai", names={"strategy": ("colossalai",)}),
+    FirstPartyPackage(
         extra="xla",
         distribution="stratagem-xla",
         names={"strategy": ("xla", "single_xla", "xla_fsdp"), "accelerator": ("xla", "tpu")},
@@ -148,22 +154,9 @@ LIGHTNING_NAMES: tuple[LightningName, ...] = (
     ),
     LightningName(
         "strategy",
-        "horovod",
-        "Lightning removed Horovod in 2.0 and stratagem has no Horovod strategy; ranks started by "
-        "horovodrun/mpirun are joined by the 'mpi' environment",
-        ("ddp",),
-    ),
-    LightningName(
-        "strategy",
         "bagua",
         "Lightning moved Bagua to the lightning-bagua package; stratagem has no Bagua strategy",
         ("ddp",),
-    ),
-    LightningName(
-        "strategy",
-        "colossalai",
-        "Lightning moved Colossal-AI to the lightning-colossalai package; stratagem has no Colossal-AI strategy",
-        ("fsdp", "deepspeed_stage_3"),
     ),
     LightningName(
         "strategy",
