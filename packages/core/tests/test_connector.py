@@ -245,8 +245,8 @@ def test_precision_short_and_full_forms_resolve_to_the_registered_precision(prec
 
 
 def test_an_unknown_precision_lists_full_and_short_forms():
-    with pytest.raises(ValueError, match=r"precision='fp8' is not valid; expected one of .*'bf16-mixed'.*'16' \(="):
-        stratagem.resolve(accelerator="cpu", precision="fp8")
+    with pytest.raises(ValueError, match=r"precision='int3' is not valid; expected one of .*'bf16-mixed'.*'16' \(="):
+        stratagem.resolve(accelerator="cpu", precision="int3")
 
 
 @pytest.mark.parametrize("precision", [True, 16.0, b"32"])

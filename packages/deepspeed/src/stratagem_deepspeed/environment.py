@@ -13,7 +13,7 @@ from stratagem_deepspeed.config import check_top_level_keys
 
 ACCELERATOR_VARIABLE = "DS_ACCELERATOR"
 
-_DEEPSPEED_ACCELERATORS = {"cpu": "cpu", "cuda": "cuda", "mps": "mps"}
+_DEEPSPEED_ACCELERATORS = {"cpu": "cpu", "cuda": "cuda", "mps": "mps", "hpu": "hpu"}
 """stratagem device type -> DeepSpeed accelerator name."""
 
 

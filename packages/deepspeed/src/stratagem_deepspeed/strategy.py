@@ -148,7 +148,8 @@ class DeepSpeedStrategy(ParallelStrategy, OwnsAccumulation):
     # -- wiring (calling process) -------------------------------------------------------------
 
     def complete_configuration(self) -> None:
-        select_deepspeed_accelerator(self.accelerator.device_type)
+        # The device type of the tensors, which is the accelerator's except where a stand-in computes elsewhere.
+        select_deepspeed_accelerator(self.root_device.type)
         self._reconcile()
         source = "the DeepSpeed config" if self.user_config is not None else "DeepSpeedStrategy's options"
         check_optimizer_section(self.config, source)

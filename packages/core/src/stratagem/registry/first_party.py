@@ -90,7 +90,24 @@ PACKAGES: tuple[FirstPartyPackage, ...] = (
     FirstPartyPackage(
         extra="hpu",
         distribution="stratagem-hpu",
-        names={"strategy": ("hpu_single", "hpu_parallel"), "accelerator": ("hpu",)},
+        names={
+            "strategy": (
+                "hpu_single",
+                "hpu_parallel",
+                "hpu_ddp",
+                "hpu_fsdp",
+                "hpu_deepspeed",
+                "hpu_deepspeed_stage_1",
+                "hpu_deepspeed_stage_1_offload",
+                "hpu_deepspeed_stage_2",
+                "hpu_deepspeed_stage_2_offload",
+                "hpu_deepspeed_stage_3",
+                "hpu_deepspeed_stage_3_offload",
+                "hpu_deepspeed_stage_3_offload_nvme",
+            ),
+            "accelerator": ("hpu",),
+            "precision": ("fp8",),
+        },
     ),
     FirstPartyPackage(
         extra="ipu",

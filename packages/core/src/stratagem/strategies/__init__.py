@@ -7,6 +7,8 @@ from stratagem.strategies.capabilities import (
     OwnsAccumulation,
     OwnsTrainingStep,
     RebuildsDataLoaders,
+    StepBoundary,
+    StepBoundaryListener,
 )
 from stratagem.strategies.init_contexts import skip_parameter_init
 from stratagem.strategies.memory import MemoryEstimate, ModelFootprint, replicated_estimate
@@ -28,6 +30,8 @@ __all__ = [
     "RebuildsDataLoaders",
     "ReduceOp",
     "SingleDeviceStrategy",
+    "StepBoundary",
+    "StepBoundaryListener",
     "Strategy",
     "StrategyOptions",
     "replicated_estimate",

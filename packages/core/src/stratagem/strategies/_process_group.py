@@ -29,6 +29,12 @@ _ADVICE = (
 )
 
 
+_STORE_WENT_AWAY = (
+    "the store went away while this rank waited for the others: the process hosting it (rank 0, or torchrun's "
+    "agent) ended"
+)
+
+
 class RendezvousTimeoutError(RuntimeError):
     """The ranks did not all meet at the rendezvous within the join timeout."""
 
@@ -46,9 +52,30 @@ def join(address: str, port: int, rank: int, world_size: int, prefix: str, timeo
     those that did not where the store can tell.
     """
     deadline = time.monotonic() + timeout.total_seconds()
-    where = f"MASTER_ADDR:MASTER_PORT = {address}:{port}"
     # torchrun's agent hosts the store itself when it says so; every worker is then a client.
     hosts_store = rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != str(True)
+    while True:
+        namespaced, went_away = _connect_and_wait(
+            address, port, rank, world_size, prefix, timeout, deadline, hosts_store
+        )
+        # A script running several runs: this rank may have reached the last run's store, which rank 0 had not
+        # closed yet; rank 0 hosts the next one on the same port once it has.
+        if not went_away:
+            return namespaced
+
+
+def _connect_and_wait(
+    address: str,
+    port: int,
+    rank: int,
+    world_size: int,
+    prefix: str,
+    timeout: timedelta,
+    deadline: float,
+    hosts_store: bool,
+) -> tuple[dist.PrefixStore, bool]:
+    """One attempt at :func:`join`: the store, and whether it went away before every rank joined."""
+    where = f"MASTER_ADDR:MASTER_PORT = {address}:{port}"
     if not hosts_store:
         _wait_until_reachable(address, port, rank, deadline, where)
     try:
@@ -76,21 +103,25 @@ def join(address: str, port: int, rank: int, world_size: int, prefix: str, timeo
         ) from error
     namespaced = dist.PrefixStore(prefix, store)
     problem = _wait_for_every_rank(namespaced, rank, world_size, deadline)
+    if problem is _STORE_WENT_AWAY and not hosts_store and time.monotonic() < deadline:
+        return namespaced, True
     if problem is not None:
         # Released before raising: a store kept alive by the error's traceback would hold the port (a retry would
         # find it in use) and abort a process forked later that garbage-collects it.
         del namespaced, store
         raise RendezvousTimeoutError(f"Rank {rank} at the rendezvous at {where}: {problem}. {_ADVICE}")
-    return namespaced
+    return namespaced, False
 
 
 def _wait_for_every_rank(store: dist.Store, rank: int, world_size: int, deadline: float) -> str | None:
     """Record this rank in ``store`` and wait until every rank did; what went wrong, or ``None``."""
-    store.set(f"joined/{rank}", socket.gethostname())
-    if store.add("joined", 1) == world_size:
-        store.set("all_joined", "1")
     try:
+        store.set(f"joined/{rank}", socket.gethostname())
+        if store.add("joined", 1) == world_size:
+            store.set("all_joined", "1")
         store.wait(["all_joined"], timedelta(seconds=max(deadline - time.monotonic(), 1.0)))
+    except dist.DistNetworkError:
+        return _STORE_WENT_AWAY
     except dist.DistStoreError:
         try:
             joined = [other for other in range(world_size) if store.check([f"joined/{other}"])]
@@ -100,11 +131,6 @@ def _wait_for_every_rank(store: dist.Store, rank: int, world_size: int, deadline
         return (
             f"only {len(joined)} of {world_size} ranks joined within the join timeout: {_ranks(missing)} did not "
             f"({_ranks(joined)} did)"
-        )
-    except dist.DistNetworkError as error:
-        return (
-            f"the store went away while this rank waited for the others ({error}): the process hosting it (rank 0, "
-            "or torchrun's agent) ended"
         )
     return None
 

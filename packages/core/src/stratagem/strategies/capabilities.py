@@ -47,6 +47,32 @@ class OwnsAccumulation(ABC):
         micro-batches itself cannot know."""
 
 
+StepBoundary = Literal["after_backward", "after_optimizer_step", "before_evaluation_step"]
+"""Where in a run :meth:`StepBoundaryListener.at_step_boundary` is called."""
+
+
+class StepBoundaryListener(ABC):
+    """A strategy that must act where one step's work ends and the next begins.
+
+    For devices that record operations lazily and run them as one graph when told (Habana's
+    ``mark_step``, an XLA graph cut), the Trainer tells the strategy at each boundary:
+
+    - ``"after_backward"``: after every training micro-batch's backward (the strategy's ``backward``
+      returned);
+    - ``"after_optimizer_step"``: after each optimizer's step (``optimizer_step`` returned), on the steps
+      the Trainer counts;
+    - ``"before_evaluation_step"``: before every ``validation_step``, ``test_step`` and ``predict_step``.
+
+    Nothing else calls it: logging a metric, ``reduce`` or a checkpoint is no boundary. The Trainer
+    picks the callable once per loop (:func:`stratagem.trainer.step_boundaries.step_boundary_callback`);
+    without this ability nothing is called.
+    """
+
+    @abstractmethod
+    def at_step_boundary(self, boundary: StepBoundary) -> None:
+        """Told that the run reached ``boundary`` (see the class for where each one is)."""
+
+
 @dataclass(frozen=True)
 class EngineSteps:
     """What one call of an engine that owns the training step did."""

@@ -9,6 +9,7 @@ import torch
 
 from stratagem.trainer.data import count_batches, limited
 from stratagem.trainer.rng import isolated_rng
+from stratagem.trainer.step_boundaries import step_boundary_callback
 
 if TYPE_CHECKING:
     from stratagem.module import Module
@@ -34,6 +35,7 @@ def run_evaluation(
     (the sanity check).
     """
     strategy = trainer.strategy
+    at_step_boundary = step_boundary_callback(strategy)
     metrics = context.metrics
     hooks = context.hooks
     step_name = f"{kind}_step"
@@ -57,6 +59,7 @@ def run_evaluation(
                 metrics.batch = batch
                 batch = strategy.batch_to_device(batch)
                 arguments = (batch, batch_idx, dataloader_idx) if several else (batch, batch_idx)
+                at_step_boundary("before_evaluation_step")
                 output = strategy.run_step(step_name, *arguments)
                 for hook in batch_end_hooks:
                     hook(trainer, module, output, batch, batch_idx, dataloader_idx)

@@ -21,6 +21,7 @@ from stratagem.trainer.evaluation_loop import run_evaluation
 from stratagem.trainer.optimizers import step_schedulers
 from stratagem.trainer.progress import Throughput
 from stratagem.trainer.rng import capture_rng_state, loader_generators, restore_rng_state
+from stratagem.trainer.step_boundaries import step_boundary_callback
 
 if TYPE_CHECKING:
     from stratagem.trainer.run_context import RunContext
@@ -53,6 +54,7 @@ class FitLoop:
         self.optimizers = list(trainer.optimizers)
         self.accumulate = settings.accumulate_grad_batches
         self.accumulation = accumulation_policy(self.strategy, self.accumulate, self.optimizers)
+        self.at_step_boundary = step_boundary_callback(self.strategy)
         self.backward_optimizer = self.optimizers[0] if len(self.optimizers) == 1 else None
         self.step_schedulers = [config for config in trainer.lr_scheduler_configs if config.interval == "step"]
         self.validation_enabled = bool(val_loaders) and settings.limit_val_batches != 0
@@ -263,6 +265,7 @@ class FitLoop:
             return output, False
         self.context.last_loss = loss.detach()
         strategy.backward(scale_loss(loss), self.backward_optimizer)
+        self.at_step_boundary("after_backward")
         self._window_has_grad = True
         return output, True
 
@@ -284,6 +287,7 @@ class FitLoop:
             if clip_val is not None:
                 strategy.clip_gradients(optimizer, clip_val, settings.gradient_clip_algorithm)
             strategy.optimizer_step(optimizer)
+            self.at_step_boundary("after_optimizer_step")
         for optimizer in self.optimizers:
             strategy.zero_grad(optimizer)
         self._window_has_grad = False

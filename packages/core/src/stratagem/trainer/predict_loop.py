@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from stratagem.trainer.data import count_batches, limited
+from stratagem.trainer.step_boundaries import step_boundary_callback
 
 if TYPE_CHECKING:
     from stratagem.module import Module
@@ -21,6 +22,7 @@ def run_prediction(
     """This rank's predictions: a list with one entry per batch, or a list of such lists with several
     dataloaders. With a strategy that splits data, each rank predicts its own share."""
     strategy = trainer.strategy
+    at_step_boundary = step_boundary_callback(strategy)
     hooks = context.hooks
     module.eval()
     context.metrics.stage = "predict"
@@ -36,6 +38,7 @@ def run_prediction(
             for batch_idx, batch in enumerate(limited(loader, count)):
                 batch = strategy.batch_to_device(batch)
                 arguments = (batch, batch_idx, dataloader_idx) if several else (batch, batch_idx)
+                at_step_boundary("before_evaluation_step")
                 output = strategy.run_step("predict_step", *arguments)
                 outputs.append(output)
                 for hook in batch_end_hooks:

@@ -1,0 +1,92 @@
+"""Without Habana's software every hpu name is listed as unavailable with why, and nothing of Habana's is imported
+or probed to find that out."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+import stratagem
+from stratagem import registry
+from stratagem_hpu import availability
+
+HPU_STRATEGIES = ("hpu_single", "hpu_parallel", "hpu_ddp")
+
+
+def _without_standin() -> dict[str, str]:
+    environment = dict(os.environ)
+    environment["PYTHONPATH"] = os.pathsep.join(
+        path for path in environment.get("PYTHONPATH", "").split(os.pathsep) if not path.endswith("standin")
+    )
+    return environment
+
+
+def test_without_habanas_software_every_hpu_name_is_unavailable_with_the_reason_and_where_to_get_it():
+    completed = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from stratagem.cli.main import main; sys.exit(main())",
+            "strategies",
+            "--check",
+            "--json",
+        ],
+        env=_without_standin(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert completed.returncode == 0, completed.stderr
+    rows = {row["name"]: row for row in json.loads(completed.stdout)}
+    for name in HPU_STRATEGIES:
+        assert rows[name]["available"] is False
+        assert "habana_frameworks" in rows[name]["reason"]
+        assert availability.HABANA_INSTALL_DOCS in rows[name]["reason"]
+
+
+def test_listing_and_describing_the_hpu_names_imports_nothing_of_habanas():
+    script = (
+        "import sys\n"
+        "from stratagem import registry\n"
+        "for name in ('hpu_single', 'hpu_parallel', 'hpu_ddp'):\n"
+        "    registry.strategies.describe(name)\n"
+        "registry.accelerators.describe('hpu')\n"
+        "registry.precisions.describe('fp8')\n"
+        "print(sorted(m for m in sys.modules if m.startswith('habana_frameworks')))\n"
+    )
+    # With the stand-in on the path: Habana's modules are there to import, and still none is.
+    completed = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert completed.returncode == 0, completed.stderr
+    assert completed.stdout.strip() == "[]"
+
+
+def test_a_trainer_on_hpu_without_habanas_software_fails_at_construction_naming_what_is_missing(monkeypatch):
+    monkeypatch.setattr(availability, "habana_problem", lambda: "habana_frameworks is not installed (patched)")
+    with pytest.raises(
+        ValueError, match=r"accelerator='hpu' is not available here: habana_frameworks is not installed"
+    ):
+        stratagem.Trainer(accelerator="hpu", devices=1, logger=False)
+
+
+def test_without_habanas_software_the_strategies_and_fp8_describe_themselves_as_unavailable(monkeypatch):
+    monkeypatch.setattr(availability, "habana_problem", lambda: "no Habana here (patched)")
+    for kind, name in [*(("strategies", name) for name in HPU_STRATEGIES), ("precisions", "fp8")]:
+        description = getattr(registry, kind).describe(name)
+        assert not description.available
+        assert description.reason == "no Habana here (patched)"
+
+
+def test_with_habanas_software_the_accelerator_reports_cards_name_and_memory():
+    from stratagem_hpu import HPUAccelerator
+
+    assert registry.accelerators.describe("hpu").available
+    accelerator = HPUAccelerator()
+    assert accelerator.device_count() == 2
+    assert accelerator.device_name() == "GAUDI2"
+    assert {"Limit", "InUse", "MaxInUse", "NumAllocs"} <= set(accelerator.memory_stats())
+    with pytest.raises(ValueError, match="asks for 3 hpu device"):
+        accelerator.parse_devices(3)
