@@ -1,6 +1,6 @@
 """Strategies: how a run is distributed."""
 
-from stratagem.strategies.capabilities import BackwardSyncControl, OwnsAccumulation
+from stratagem.strategies.capabilities import BackwardSyncControl, FeedsBatchesToDevice, OwnsAccumulation
 from stratagem.strategies.init_contexts import skip_parameter_init
 from stratagem.strategies.parallel import ParallelStrategy
 from stratagem.strategies.single_device import SingleDeviceStrategy
@@ -8,6 +8,7 @@ from stratagem.strategies.strategy import LoopSettings, ReduceOp, Strategy
 
 __all__ = [
     "BackwardSyncControl",
+    "FeedsBatchesToDevice",
     "LoopSettings",
     "OwnsAccumulation",
     "ParallelStrategy",

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import warnings
 from abc import ABC, abstractmethod
+from collections.abc import Iterator
 from typing import Any
 
 
@@ -43,6 +44,22 @@ class OwnsAccumulation(ABC):
         """Told before each training micro-batch's forward: whether the step after it ends an
         accumulation window. Windows are cut short at the end of an epoch, which an engine counting
         micro-batches itself cannot know."""
+
+
+class FeedsBatchesToDevice(ABC):
+    """A strategy whose batches reach its device through a loader of its own.
+
+    XLA's parallel loader is one: it copies batches to the device ahead of the loop in a background
+    thread and cuts the lazily traced graph at every batch, so that each step compiles once and runs as
+    one graph. The loops then read every pass (a training epoch, each evaluation or prediction
+    dataloader) through :meth:`device_batches`; ``batch_to_device`` still runs on what it yields.
+    """
+
+    @abstractmethod
+    def device_batches(self, batches: Iterator[Any]) -> Iterator[Any]:
+        """The batches of one pass in the order ``batches`` yields them, already on the device. ``batches``
+        is the pass's iterator as the loop would read it (limited, and positioned where a resumed epoch
+        starts); what is not read when the loop stops early is dropped with the returned iterator."""
 
 
 def adopt_legacy_capabilities(cls: type) -> None:

@@ -1,0 +1,40 @@
+"""What stratagem-xla registers; named by its entry points and kept free of heavy imports (torch_xla is
+imported only when one of these names is used, never to list them)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from stratagem.registry import Registry
+
+_REQUIRES = "torch-xla==2.9.0"
+
+
+def register_strategies(registry: Registry) -> None:
+    for name, target, defaults, description in (
+        (
+            "single_xla",
+            "stratagem_xla.strategy:SingleXLAStrategy",
+            {},
+            "One process on one XLA device (a TPU core; XLA's CPU device where there is no TPU).",
+        ),
+    ):
+        registry.register(name, target, description=description, requires=_REQUIRES, defaults=defaults)
+
+
+def register_accelerators(registry: Registry) -> None:
+    for name, description in (
+        ("xla", "XLA devices through torch_xla (TPUs; PJRT_DEVICE=CPU runs XLA on the CPU)."),
+        ("tpu", "Alias of 'xla': Google TPUs through torch_xla."),
+    ):
+        registry.register(name, "stratagem_xla.accelerator:XLAAccelerator", description=description, requires=_REQUIRES)
+
+
+def register_checkpoint_io(registry: Registry) -> None:
+    registry.register(
+        "xla",
+        "stratagem_xla.checkpoint_io:XLACheckpointIO",
+        description="One torch.save file with every XLA tensor moved to the CPU first (xm.save), loadable anywhere.",
+        requires=_REQUIRES,
+    )
