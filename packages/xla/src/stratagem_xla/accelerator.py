@@ -29,10 +29,7 @@ class XLAAccelerator(Accelerator):
 
     @staticmethod
     def device_count() -> int:
-        runtime.require_xla()
-        import torch_xla
-
-        return int(torch_xla.device_count())
+        return runtime.device_count()
 
     @staticmethod
     def unavailable_reason() -> str:

@@ -19,6 +19,12 @@ def register_strategies(registry: Registry) -> None:
             {},
             "One process on one XLA device (a TPU core; XLA's CPU device where there is no TPU).",
         ),
+        (
+            "xla_fsdp_v2",
+            "stratagem_xla.spmd:XLAFSDPv2Strategy",
+            {},
+            "One process shards its model over every XLA device with SPMD (SpmdFullyShardedDataParallel).",
+        ),
     ):
         registry.register(name, target, description=description, requires=_REQUIRES, defaults=defaults)
 

@@ -65,3 +65,24 @@ def device_configured() -> bool:
     if os.environ.get("PJRT_DEVICE"):
         return True
     return any(os.path.exists(path) for path in ("/dev/accel0", "/dev/vfio/0"))
+
+
+def device_count() -> int:
+    """How many XLA devices this host has, counted without starting the runtime.
+
+    The runtime must not start in the calling process: ``xmp.spawn`` refuses to start replicas after it, and
+    SPMD must be switched on before it. So TPUs are counted from the host (torch_xla's own count of chips and
+    their cores), XLA's CPU devices from ``CPU_NUM_DEVICES``; other PJRT plugins (GPU, Neuron) start the
+    runtime to be asked.
+    """
+    require_xla()
+    import torch_xla
+    import torch_xla.runtime as xr
+    from torch_xla._internal import tpu
+
+    kind = xr.device_type()
+    if kind == "TPU":
+        return int(tpu.num_available_devices())
+    if kind == "CPU":
+        return int(os.environ.get("CPU_NUM_DEVICES", "1"))
+    return int(torch_xla.device_count())
