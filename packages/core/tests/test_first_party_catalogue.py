@@ -112,7 +112,7 @@ def test_an_unreleased_first_party_name_says_so_and_suggests_nothing_else():
     message = _unknown_name_message(registry.strategies, "hpu_single")
     assert message.startswith("The strategy 'hpu_single' is provided by stratagem-hpu, which is not released yet")
     assert "pip install" not in message
-    assert "single_xla" not in message
+    assert "Did you mean" not in message
 
 
 def test_ddp_without_its_package_gives_the_pip_command_and_does_not_suggest_dp(monkeypatch):
@@ -130,7 +130,7 @@ def test_close_matches_are_registered_names_or_installable_ones_with_their_comma
     assert re.search(r"Did you mean [^?]*'ddp'[^?]*\?", message)
     assert 'They come from stratagem-ddp, which is not installed: pip install "stratagem[ddp]".' in message
     assert "hpu_single" not in _unknown_name_message(strategies, "hpu_singel")
-    assert "Did you mean 'single_device'?" in _unknown_name_message(strategies, "single_devise")
+    assert "Did you mean 'single_device'" in _unknown_name_message(strategies, "single_devise")
 
 
 @pytest.mark.parametrize("entry", first_party.LIGHTNING_NAMES, ids=lambda entry: f"{entry.kind}:{entry.name}")
@@ -151,4 +151,5 @@ def test_a_lightning_name_pointing_at_an_uninstalled_package_says_how_to_install
     message = _unknown_name_message(strategies, "ddp_sharded")
     assert "'fsdp' (from stratagem-fsdp, which is not installed: pip install \"stratagem[fsdp]\")" in message
     message = _unknown_name_message(strategies, "tpu_spawn")
-    assert "'xla' (from stratagem-xla, which is not released yet" in message
+    assert "'xla' (from stratagem-xla, " in message
+    assert "not released yet" not in message

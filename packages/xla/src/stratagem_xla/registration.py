@@ -20,6 +20,18 @@ def register_strategies(registry: Registry) -> None:
             "One process on one XLA device (a TPU core; XLA's CPU device where there is no TPU).",
         ),
         (
+            "xla",
+            "stratagem_xla.parallel:XLAStrategy",
+            {},
+            "One process per XLA device of the host (xmp.spawn), gradients all-reduced at each optimizer step.",
+        ),
+        (
+            "xla_debug",
+            "stratagem_xla.parallel:XLAStrategy",
+            {"debug": True},
+            "xla, printing XLA's metrics report (compilations, transfers, CPU fallbacks) when the run ends.",
+        ),
+        (
             "xla_fsdp_v2",
             "stratagem_xla.spmd:XLAFSDPv2Strategy",
             {},
@@ -42,5 +54,13 @@ def register_checkpoint_io(registry: Registry) -> None:
         "xla",
         "stratagem_xla.checkpoint_io:XLACheckpointIO",
         description="One torch.save file with every XLA tensor moved to the CPU first (xm.save), loadable anywhere.",
+    )
+
+
+def register_environments(registry: Registry) -> None:
+    registry.register(
+        "xla",
+        "stratagem_xla.environment:XLAEnvironment",
+        description="Replicas started by xmp.spawn or on a TPU VM: ordinals and world size from the XLA runtime.",
         requires=_REQUIRES,
     )
