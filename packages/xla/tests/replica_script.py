@@ -1,4 +1,4 @@
-"""Run by test_xla_replicas.py in a fresh process: xmp.spawn refuses to start replicas once the calling
+"""Run by test_xla_replicas.py (strategies xla and xla_fsdp) in a fresh process: xmp.spawn refuses to start replicas once the calling
 process has started the XLA runtime, which the other tests' process has. Prints one JSON line of results."""
 
 from __future__ import annotations
@@ -22,6 +22,33 @@ class FailsAtStepThree(Regression):
         return super().training_step(batch, batch_idx)
 
 
+class FSDPRegression(Regression):
+    def configure_optimizers(self):
+        # XlaFSDP replaces the module's parameters by its shards: the optimizer steps the wrapped module's.
+        return torch.optim.SGD(self.trainer.model.parameters(), lr=self.lr)
+
+
+def run_xla_fsdp(workdir: Path) -> dict:
+    from stratagem.checkpoint_io import read_full_checkpoint
+    from stratagem_xla.checkpoint_io import XLAShardedCheckpointIO
+
+    module = FSDPRegression()
+    trainer = Trainer(strategy="xla_fsdp", devices=1, default_root_dir=workdir / "fsdp", **{**RUN, "enable_checkpointing": True})
+    trainer.fit(module, loader(), loader())
+    saved = sorted((workdir / "fsdp").rglob("rank-0-of-1.pt"))
+    whole = read_full_checkpoint(saved[-1].parent, XLAShardedCheckpointIO())["module"]
+    plain = Regression()
+    cpu = Trainer(strategy="single_device", accelerator="cpu", default_root_dir=workdir / "fsdp_cpu", **RUN)
+    loss = cpu.validate(plain, loader(), ckpt_path=saved[-1].parent)[0]["val_loss"]
+    return {
+        "fsdp_steps": trainer.global_step,
+        "fsdp_val_loss": float(trainer.callback_metrics["val_loss"]),
+        "fsdp_consolidated_loss": loss,
+        "fsdp_keys": sorted(whole),
+        "fsdp_weights": weights(plain),
+    }
+
+
 def main(strategy: str, workdir: Path) -> None:
     module = Regression()
     trainer = Trainer(strategy=strategy, devices=1, default_root_dir=workdir, **RUN)
@@ -32,6 +59,7 @@ def main(strategy: str, workdir: Path) -> None:
     except RuntimeError as error:
         failure = str(error)
     cpu_module = Regression()
+    fsdp = run_xla_fsdp(workdir)
     cpu = Trainer(strategy="single_device", accelerator="cpu", default_root_dir=workdir / "cpu", **RUN)
     cpu.fit(cpu_module, loader(), loader())
     trained, expected = weights(module), weights(cpu_module)
@@ -45,6 +73,8 @@ def main(strategy: str, workdir: Path) -> None:
                 "cpu_val_loss": float(cpu.callback_metrics["val_loss"]),
                 "failure": failure,
                 "torch": torch.__version__,
+                "fsdp_difference": max((fsdp.pop("fsdp_weights")[name] - expected[name]).abs().max().item() for name in expected),
+                **fsdp,
             }
         )
     )

@@ -32,6 +32,12 @@ def register_strategies(registry: Registry) -> None:
             "xla, printing XLA's metrics report (compilations, transfers, CPU fallbacks) when the run ends.",
         ),
         (
+            "xla_fsdp",
+            "stratagem_xla.fsdp:XLAFSDPStrategy",
+            {},
+            "XlaFullyShardedDataParallel, one replica per XLA device: parameters, gradients, optimizer state sharded.",
+        ),
+        (
             "xla_fsdp_v2",
             "stratagem_xla.spmd:XLAFSDPv2Strategy",
             {},
@@ -54,6 +60,11 @@ def register_checkpoint_io(registry: Registry) -> None:
         "xla",
         "stratagem_xla.checkpoint_io:XLACheckpointIO",
         description="One torch.save file with every XLA tensor moved to the CPU first (xm.save), loadable anywhere.",
+    )
+    registry.register(
+        "xla_sharded",
+        "stratagem_xla.checkpoint_io:XLAShardedCheckpointIO",
+        description="xla_fsdp's directories of per-rank shards, read by any strategy as whole weights.",
     )
 
 

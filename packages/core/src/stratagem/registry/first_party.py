@@ -82,7 +82,7 @@ PACKAGES: tuple[FirstPartyPackage, ...] = (
         names={
             "strategy": ("single_xla", "xla", "xla_debug", "xla_fsdp", "xla_fsdp_v2"),
             "accelerator": ("xla", "tpu"),
-            "checkpoint IO": ("xla",),
+            "checkpoint IO": ("xla", "xla_sharded"),
             "environment": ("xla",),
         },
     ),
