@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 from collections.abc import Iterator
 from typing import Any
@@ -180,6 +181,9 @@ class XLAStrategy(ParallelStrategy, FeedsBatchesToDevice):
         xm.rendezvous(name or "stratagem_barrier")
 
     # -- steps ------------------------------------------------------------------------------
+
+    def module_init_context(self, empty_init: bool | None = None) -> contextlib.AbstractContextManager[None]:
+        return stepping.cpu_module_init(self.precision, empty_init)
 
     def optimizer_step(self, optimizer: Optimizer) -> Any:
         import torch_xla.core.xla_model as xm

@@ -3,6 +3,7 @@ parallel loader, the debug report at the end of a run."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -10,6 +11,7 @@ import torch
 from torch.optim import Optimizer
 
 from stratagem.precision import Precision
+from stratagem.strategies import skip_parameter_init
 from stratagem_xla import runtime
 from stratagem_xla.loading import parallel_loader_batches
 
@@ -45,3 +47,17 @@ def xla_device() -> torch.device:
     import torch_xla
 
     return torch.device(torch_xla.device())
+
+
+@contextlib.contextmanager
+def cpu_module_init(precision: Precision, empty_init: bool | None) -> Iterator[None]:
+    """Modules created on the CPU (in the precision's dtype), moved to the device by ``setup_module``.
+
+    Not on the XLA device: its random generator is not the CPU's, so weights built there with the same seed
+    would differ from those any other strategy builds, and a module created on it is traced op by op.
+    """
+    with contextlib.ExitStack() as stack:
+        if empty_init:
+            stack.enter_context(skip_parameter_init())
+        stack.enter_context(precision.module_init_context())
+        yield

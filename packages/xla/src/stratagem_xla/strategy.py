@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -85,6 +86,9 @@ class SingleXLAStrategy(SingleDeviceStrategy, FeedsBatchesToDevice):
         # The runtime names the device (xla:0 in a process of its own; the index may differ under a launcher).
         self._device = stepping.xla_device()
         super().setup_environment()
+
+    def module_init_context(self, empty_init: bool | None = None) -> contextlib.AbstractContextManager[None]:
+        return stepping.cpu_module_init(self.precision, empty_init)
 
     def optimizer_step(self, optimizer: Optimizer) -> Any:
         return stepping.step_and_cut_graph(self.precision, optimizer, optimizer.step)
