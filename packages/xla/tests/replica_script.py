@@ -1,5 +1,6 @@
-"""Run by test_xla_replicas.py (strategies xla and xla_fsdp) in a fresh process: xmp.spawn refuses to start replicas once the calling
-process has started the XLA runtime, which the other tests' process has. Prints one JSON line of results."""
+"""Run by test_xla_replicas.py (strategies xla and xla_fsdp) in a fresh process: xmp.spawn refuses to start
+replicas once the calling process has started the XLA runtime, which the other tests' process has.
+Prints one JSON line of results."""
 
 from __future__ import annotations
 
@@ -29,11 +30,14 @@ class FSDPRegression(Regression):
 
 
 def run_xla_fsdp(workdir: Path) -> dict:
-    from stratagem.checkpoint_io import read_full_checkpoint
     from stratagem_xla.checkpoint_io import XLAShardedCheckpointIO
 
+    from stratagem.checkpoint_io import read_full_checkpoint
+
     module = FSDPRegression()
-    trainer = Trainer(strategy="xla_fsdp", devices=1, default_root_dir=workdir / "fsdp", **{**RUN, "enable_checkpointing": True})
+    trainer = Trainer(
+        strategy="xla_fsdp", devices=1, default_root_dir=workdir / "fsdp", **{**RUN, "enable_checkpointing": True}
+    )
     trainer.fit(module, loader(), loader())
     saved = sorted((workdir / "fsdp").rglob("rank-0-of-1.pt"))
     whole = read_full_checkpoint(saved[-1].parent, XLAShardedCheckpointIO())["module"]
@@ -54,7 +58,9 @@ def main(strategy: str, workdir: Path) -> None:
     trainer = Trainer(strategy=strategy, devices=1, default_root_dir=workdir, **RUN)
     trainer.fit(module, loader(), loader())
     try:
-        Trainer(strategy=strategy, devices=1, default_root_dir=workdir / "failing", **RUN).fit(FailsAtStepThree(), loader())
+        Trainer(strategy=strategy, devices=1, default_root_dir=workdir / "failing", **RUN).fit(
+            FailsAtStepThree(), loader()
+        )
         failure = None
     except RuntimeError as error:
         failure = str(error)
@@ -73,7 +79,9 @@ def main(strategy: str, workdir: Path) -> None:
                 "cpu_val_loss": float(cpu.callback_metrics["val_loss"]),
                 "failure": failure,
                 "torch": torch.__version__,
-                "fsdp_difference": max((fsdp.pop("fsdp_weights")[name] - expected[name]).abs().max().item() for name in expected),
+                "fsdp_difference": max(
+                    (fsdp.pop("fsdp_weights")[name] - expected[name]).abs().max().item() for name in expected
+                ),
                 **fsdp,
             }
         )

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from stratagem_xla import SingleXLAStrategy
 from xla_testing import Regression, loader, weights
 
 from stratagem import Trainer
-from stratagem_xla import SingleXLAStrategy
 
 RUN = {"max_epochs": 2, "logger": False, "enable_progress_bar": False, "enable_checkpointing": False}
 

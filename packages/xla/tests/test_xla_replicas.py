@@ -1,5 +1,5 @@
-"""strategy='xla' and 'xla_fsdp': replicas started by xmp.spawn, in a fresh process (xmp.spawn refuses to start replicas in a
-process whose XLA runtime runs already, as this test process's does).
+"""strategy='xla' and 'xla_fsdp': replicas started by xmp.spawn, in a fresh process (xmp.spawn refuses to start
+replicas in a process whose XLA runtime runs already, as this test process's does).
 
 On XLA's CPU device, xmp.spawn starts one replica process (torch_xla 2.9 refuses nprocs=2 there, and
 CPU_NUM_DEVICES=2 gives two threads of one process, which one Trainer cannot drive). So this checks the launcher
@@ -44,7 +44,9 @@ def test_a_replica_started_by_xmp_spawn_trains_like_plain_cpu_and_hands_its_weig
 
 @pytest.mark.timeout(450)
 def test_a_failing_replica_ends_the_job_with_its_error(replica_run):
-    assert replica_run["failure"] == "An XLA replica failed, and the job was ended: ValueError: replica failure at batch 3"
+    assert (
+        replica_run["failure"] == "An XLA replica failed, and the job was ended: ValueError: replica failure at batch 3"
+    )
 
 
 @pytest.mark.timeout(450)

@@ -64,7 +64,9 @@ class XLAShardedCheckpointIO(XLACheckpointIO):
         shards = [load_torch_file(file, map_location="cpu", weights_only=weights_only) for file in files]
         first = shards[0]
         whole = whole_state([shard["module_shard"] for shard in shards], first["shard_metadata"])
-        rest = {key: value for key, value in first.items() if key not in ("module_shard", "shard_metadata", "optimizers")}
+        rest = {
+            key: value for key, value in first.items() if key not in ("module_shard", "shard_metadata", "optimizers")
+        }
         return {**rest, "module": whole}
 
 

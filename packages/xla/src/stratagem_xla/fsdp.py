@@ -12,7 +12,7 @@ from torch import nn
 from torch.optim import Optimizer
 
 from stratagem.accelerators import Accelerator
-from stratagem.checkpoint_io import CheckpointIO, PathLike, move_into_place, temporary_sibling
+from stratagem.checkpoint_io import PathLike, move_into_place, temporary_sibling
 from stratagem.precision import Precision
 from stratagem_xla import stepping
 from stratagem_xla.checkpoint_io import SHARD_FILE, XLAShardedCheckpointIO, shard_files, to_cpu
@@ -59,7 +59,9 @@ class XLAFSDPStrategy(XLAStrategy):
         self.auto_wrap_classes = module_classes(auto_wrap_policy, "auto_wrap_policy", _NAME)
         self.checkpointed_classes = module_classes(activation_checkpointing, "activation_checkpointing", _NAME)
         if state_dict_type not in ("full", "sharded"):
-            raise ValueError(f"{_NAME}(state_dict_type={state_dict_type!r}) is not valid; expected 'full' or 'sharded'.")
+            raise ValueError(
+                f"{_NAME}(state_dict_type={state_dict_type!r}) is not valid; expected 'full' or 'sharded'."
+            )
         self.state_dict_type = state_dict_type
 
     def setup_module(self, module: nn.Module) -> nn.Module:
@@ -78,7 +80,9 @@ class XLAFSDPStrategy(XLAStrategy):
         # XlaFSDP reduce-scatters the gradients in backward; an all-reduce here would sum them again.
         return stepping.step_and_cut_graph(self.precision, optimizer, optimizer.step)
 
-    def clip_gradients(self, optimizer: Optimizer, clip_val: float, algorithm: Literal["norm", "value"] = "norm") -> Any:
+    def clip_gradients(
+        self, optimizer: Optimizer, clip_val: float, algorithm: Literal["norm", "value"] = "norm"
+    ) -> Any:
         if algorithm == "norm":
             self.precision.unscale_gradients(optimizer)
             return self.model.clip_grad_norm_(clip_val)  # type: ignore[operator]
@@ -119,10 +123,14 @@ class XLAFSDPStrategy(XLAStrategy):
         own_shards = XLAShardedCheckpointIO.can_read(target) and len(shard_files(target)) == self.world_size
         if not own_shards:
             # Whole weights from any strategy: each rank takes its part of every parameter.
+            if any(isinstance(value, Optimizer | list | tuple) for value in state.values()):
+                raise ValueError(
+                    f"xla_fsdp resumes optimizer state only from its own sharded checkpoint at the same world size "
+                    f"({self.world_size}); {str(path)!r} is not one. Load its weights (validate, test, predict, or "
+                    "fit from the module's weights loaded yourself) instead of resuming from it."
+                )
             remaining = super().load_checkpoint(path, {}, strict, weights_only)
             self._load_whole_module(remaining.pop("module"), strict)
-            if any(isinstance(value, Optimizer) or isinstance(value, list | tuple) for value in state.values()):
-                remaining.pop("optimizers", None)
             return remaining
         from stratagem.checkpoint_io import load_torch_file
 
@@ -131,7 +139,7 @@ class XLAFSDPStrategy(XLAStrategy):
         )
         first = mine if self.is_global_zero else load_torch_file(shard_files(target)[0], weights_only=weights_only)
         self.model.load_state_dict(mine["module_shard"], strict=strict)
-        for key, target_state in state.items():
+        for target_state in state.values():
             if isinstance(target_state, list | tuple) and target_state and isinstance(target_state[0], Optimizer):
                 for optimizer, optimizer_state in zip(target_state, mine["optimizers"], strict=True):
                     optimizer.load_state_dict(optimizer_state)

@@ -49,14 +49,18 @@ class XLALauncher(Launcher):
             _end_replicas(started)
             if isinstance(error, KeyboardInterrupt):
                 raise
-            raise RuntimeError(f"An XLA replica failed, and the job was ended: {type(error).__name__}: {error}") from error
+            raise RuntimeError(
+                f"An XLA replica failed, and the job was ended: {type(error).__name__}: {error}"
+            ) from error
         try:
             return results.get(timeout=60)
         finally:
             manager.shutdown()
 
 
-def _run_replica(index: int, function: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], results: Any) -> None:
+def _run_replica(
+    index: int, function: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], results: Any
+) -> None:
     import torch_xla.runtime as xr
 
     result = function(*args, **kwargs)

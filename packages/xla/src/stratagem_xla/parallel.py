@@ -182,8 +182,10 @@ class XLAStrategy(ParallelStrategy, FeedsBatchesToDevice):
 
     # -- steps ------------------------------------------------------------------------------
 
-    def module_init_context(self, empty_init: bool | None = None) -> contextlib.AbstractContextManager[None]:
-        return stepping.cpu_module_init(self.precision, empty_init)
+    @contextlib.contextmanager
+    def module_init_context(self, empty_init: bool | None = None) -> Iterator[None]:
+        with stepping.cpu_module_init(self.precision, empty_init):
+            yield
 
     def optimizer_step(self, optimizer: Optimizer) -> Any:
         import torch_xla.core.xla_model as xm

@@ -35,11 +35,11 @@ def shard_names(metadata: dict[str, Any]) -> dict[str, tuple[str, torch.Size]]:
     return names
 
 
-def whole_state(
-    shard_states: Sequence[dict[str, torch.Tensor]], metadata: dict[str, Any]
-) -> dict[str, torch.Tensor]:
+def whole_state(shard_states: Sequence[dict[str, torch.Tensor]], metadata: dict[str, Any]) -> dict[str, torch.Tensor]:
     """The whole module state from every rank's shard state dict (in rank order)."""
-    return whole_state_gathered(shard_states[0], metadata, lambda key: torch.cat([s[key].reshape(-1) for s in shard_states]))
+    return whole_state_gathered(
+        shard_states[0], metadata, lambda key: torch.cat([s[key].reshape(-1) for s in shard_states])
+    )
 
 
 def whole_state_gathered(

@@ -29,7 +29,8 @@ class XLAFSDPv2Strategy(SingleXLAStrategy):
     reduce-scatters FSDP needs. ``auto_wrap_policy``: module classes wrapped as their own FSDP units (each
     transformer block, say); ``activation_checkpointing``: module classes whose activations are recomputed in
     backward. Creating this strategy switches the process's XLA runtime to SPMD for good (torch_xla allows
-    that only before the runtime starts). Batches are copied to the devices in the loop's thread (no background loader). Checkpoints hold the whole weights (gathered onto the CPU), loadable by any strategy.
+    that only before the runtime starts). Batches are copied to the devices in the loop's thread (no background
+    loader). Checkpoints hold the whole weights (gathered onto the CPU), loadable by any strategy.
     """
 
     def __init__(

@@ -87,8 +87,10 @@ class SingleXLAStrategy(SingleDeviceStrategy, FeedsBatchesToDevice):
         self._device = stepping.xla_device()
         super().setup_environment()
 
-    def module_init_context(self, empty_init: bool | None = None) -> contextlib.AbstractContextManager[None]:
-        return stepping.cpu_module_init(self.precision, empty_init)
+    @contextlib.contextmanager
+    def module_init_context(self, empty_init: bool | None = None) -> Iterator[None]:
+        with stepping.cpu_module_init(self.precision, empty_init):
+            yield
 
     def optimizer_step(self, optimizer: Optimizer) -> Any:
         return stepping.step_and_cut_graph(self.precision, optimizer, optimizer.step)

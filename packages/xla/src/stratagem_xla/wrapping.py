@@ -14,7 +14,9 @@ def module_classes(value: Any, option: str, strategy: str) -> frozenset[type[nn.
     if value is None:
         return frozenset()
     items = [value] if isinstance(value, type) else value
-    if not isinstance(items, Iterable) or not all(isinstance(item, type) and issubclass(item, nn.Module) for item in items):
+    if not isinstance(items, Iterable) or not all(
+        isinstance(item, type) and issubclass(item, nn.Module) for item in items
+    ):
         raise TypeError(
             f"{strategy}({option}={value!r}) is not valid; expected an nn.Module subclass or a set of them, such as "
             "{TransformerBlock}."
@@ -31,7 +33,9 @@ def auto_wrap_policy(classes: frozenset[type[nn.Module]]) -> Callable[..., bool]
     return functools.partial(transformer_auto_wrap_policy, transformer_layer_cls=set(classes))
 
 
-def checkpointing_wrapper(wrapper: type[nn.Module], classes: frozenset[type[nn.Module]]) -> Callable[..., nn.Module] | None:
+def checkpointing_wrapper(
+    wrapper: type[nn.Module], classes: frozenset[type[nn.Module]]
+) -> Callable[..., nn.Module] | None:
     """An ``auto_wrapper_callable`` wrapping modules of ``classes`` in activation checkpointing, then in ``wrapper``
     (``None`` when there are no classes: plain wrapping)."""
     if not classes:
