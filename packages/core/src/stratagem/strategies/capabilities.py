@@ -1,9 +1,9 @@
 """Optional abilities of a strategy, each a small interface a strategy opts into by subclassing it.
 
-The Trainer asks ``isinstance(strategy, <ability>)`` once, when a run starts, and picks the code
-path that fits (see :mod:`stratagem.trainer.accumulation` and ``stratagem.trainer.data.batch_feed``); a strategy that lacks an ability is
-never called for it. All methods here run in every worker, during a run, with the process group
-live.
+The Trainer asks ``isinstance(strategy, <ability>)`` once, when a run or a pass starts, and picks the
+code path that fits (see :mod:`stratagem.trainer.accumulation` and ``stratagem.trainer.data.batch_feed``);
+a strategy that lacks an ability is never called for it. All methods here run in every worker, during a
+run, with the process group live.
 """
 
 from __future__ import annotations
