@@ -79,22 +79,12 @@ class XLAStrategy(ParallelStrategy, FeedsBatchesToDevice):
         self.xla_start_method = start_method
         self._device: torch.device | None = None
 
-    def configure(
-        self,
-        *,
-        accelerator: Accelerator,
-        devices: list[torch.device],
-        num_nodes: int,
-        precision: Precision,
-        checkpoint_io: CheckpointIO | None,
-        cluster_environment: ClusterEnvironment,
+    def configure_placement(
+        self, *, devices: list[torch.device], num_nodes: int, cluster_environment: ClusterEnvironment
     ) -> None:
-        self._accelerator = self._accelerator or accelerator
-        self._precision = self._precision or precision
-        self._checkpoint_io = self._checkpoint_io or checkpoint_io
+        # The replicas' places come from xmp.spawn and the XLA runtime, not from the connector's environment.
         self.parallel_devices = self.parallel_devices or devices
         self.num_nodes = num_nodes
-        check_precision(self.precision, self.strategy_name)
         available = self.accelerator.device_count()
         if len(self.parallel_devices) not in (1, available):
             raise ValueError(
@@ -103,7 +93,9 @@ class XLAStrategy(ParallelStrategy, FeedsBatchesToDevice):
                 f"{available} (this host's XLA devices). Use devices={available} or devices=1."
             )
         self._environment.set_world_size(num_nodes * len(self.parallel_devices))
-        self.complete_configuration()
+
+    def complete_configuration(self) -> None:
+        check_precision(self.precision, self.strategy_name)
 
     @property
     def launcher(self) -> Launcher:

@@ -49,25 +49,17 @@ class XLAFSDPv2Strategy(SingleXLAStrategy):
         self.num_devices = 0
         self._mesh: Any = None
 
-    def configure(
-        self,
-        *,
-        accelerator: Accelerator,
-        devices: list[torch.device],
-        num_nodes: int,
-        precision: Precision,
-        checkpoint_io: CheckpointIO | None,
-        cluster_environment: ClusterEnvironment,
+    def configure_placement(
+        self, *, devices: list[torch.device], num_nodes: int, cluster_environment: ClusterEnvironment
     ) -> None:
         if num_nodes != 1:
             raise ValueError(
                 f"strategy='xla_fsdp_v2' shards over the devices of one process; num_nodes={num_nodes} is not "
                 "supported. Use num_nodes=1."
             )
-        self._accelerator = self._accelerator or accelerator
-        self._precision = self._precision or precision
-        self._checkpoint_io = self._checkpoint_io or checkpoint_io
         self.num_devices = len(devices)
+
+    def complete_configuration(self) -> None:
         check_precision(self.precision, "xla_fsdp_v2")
 
     def setup_environment(self) -> None:

@@ -56,15 +56,8 @@ class SingleXLAStrategy(SingleDeviceStrategy, FeedsBatchesToDevice):
             raise TypeError(f"SingleXLAStrategy(debug={debug!r}) is not valid; expected True or False.")
         self.debug = debug
 
-    def configure(
-        self,
-        *,
-        accelerator: Accelerator,
-        devices: list[torch.device],
-        num_nodes: int,
-        precision: Precision,
-        checkpoint_io: CheckpointIO | None,
-        cluster_environment: ClusterEnvironment,
+    def configure_placement(
+        self, *, devices: list[torch.device], num_nodes: int, cluster_environment: ClusterEnvironment
     ) -> None:
         if len(devices) * num_nodes != 1:
             raise ValueError(
@@ -72,14 +65,10 @@ class SingleXLAStrategy(SingleDeviceStrategy, FeedsBatchesToDevice):
                 f"num_nodes={num_nodes} ask for {len(devices) * num_nodes}. Use devices=1, or strategy='xla' for "
                 "one process per device, or 'xla_fsdp_v2' to shard one process's model over every device."
             )
-        super().configure(
-            accelerator=accelerator,
-            devices=devices,
-            num_nodes=num_nodes,
-            precision=precision,
-            checkpoint_io=checkpoint_io,
-            cluster_environment=cluster_environment,
-        )
+        super().configure_placement(devices=devices, num_nodes=num_nodes, cluster_environment=cluster_environment)
+
+    def complete_configuration(self) -> None:
+        super().complete_configuration()
         check_precision(self.precision, "single_xla")
 
     def setup_environment(self) -> None:
