@@ -69,6 +69,7 @@ def main(strategy: str, workdir: Path) -> None:
     cpu = Trainer(strategy="single_device", accelerator="cpu", default_root_dir=workdir / "cpu", **RUN)
     cpu.fit(cpu_module, loader(), loader())
     trained, expected = weights(module), weights(cpu_module)
+    fsdp_weights = fsdp.pop("fsdp_weights")
     print(
         json.dumps(
             {
@@ -79,9 +80,7 @@ def main(strategy: str, workdir: Path) -> None:
                 "cpu_val_loss": float(cpu.callback_metrics["val_loss"]),
                 "failure": failure,
                 "torch": torch.__version__,
-                "fsdp_difference": max(
-                    (fsdp.pop("fsdp_weights")[name] - expected[name]).abs().max().item() for name in expected
-                ),
+                "fsdp_difference": max((fsdp_weights[name] - expected[name]).abs().max().item() for name in expected),
                 **fsdp,
             }
         )
