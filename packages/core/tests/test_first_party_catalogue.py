@@ -161,4 +161,5 @@ def test_a_lightning_name_pointing_at_an_uninstalled_package_says_how_to_install
     message = _unknown_name_message(strategies, "ddp_sharded")
     assert "'fsdp' (from stratagem-fsdp, which is not installed: pip install \"stratagem[fsdp]\")" in message
     message = _unknown_name_message(strategies, "tpu_spawn")
-    assert "'xla' (from stratagem-xla, which is not released yet" in message
+    assert "'xla' (from stratagem-xla, " in message
+    assert "not released yet" not in message

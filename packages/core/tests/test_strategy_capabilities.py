@@ -11,8 +11,16 @@ import torch
 from trainer_testing import ClassifierModule, make_loader, quiet_trainer
 
 import stratagem.trainer.accumulation as accumulation_module
+import stratagem.trainer.evaluation_loop as evaluation_loop_module
 import stratagem.trainer.fit_loop as fit_loop_module
-from stratagem.strategies import BackwardSyncControl, OwnsAccumulation, SingleDeviceStrategy, Strategy
+import stratagem.trainer.predict_loop as predict_loop_module
+from stratagem.strategies import (
+    BackwardSyncControl,
+    FeedsBatchesToDevice,
+    OwnsAccumulation,
+    SingleDeviceStrategy,
+    Strategy,
+)
 from stratagem.trainer.accumulation import EngineAccumulation, TrainerAccumulation, accumulation_policy
 
 CAPABILITY_NAMES = {
@@ -208,3 +216,39 @@ def test_a_strategy_opting_in_explicitly_gets_no_deprecation_warning(recwarn):
             pass
 
     assert not [warning for warning in recwarn if issubclass(warning.category, DeprecationWarning)]
+
+
+class _FeedsBatches(SingleDeviceStrategy, FeedsBatchesToDevice):
+    def __init__(self) -> None:
+        super().__init__()
+        self.passes: list[int] = []
+
+    def device_batches(self, batches: Any) -> Any:
+        self.passes.append(0)
+        for batch in batches:
+            self.passes[-1] += 1
+            yield batch
+
+
+def test_every_pass_reads_its_batches_through_a_strategy_that_feeds_them_to_the_device(tmp_path):
+    strategy = _FeedsBatches()
+    trainer = quiet_trainer(tmp_path, strategy=strategy, max_epochs=2, num_sanity_val_steps=0)
+    module = ClassifierModule()
+    train, val = make_loader(), make_loader()
+    trainer.fit(module, train, val)
+    trainer.validate(module, val)
+    trainer.predict(module, val)
+    batches = len(train)
+    # Two epochs, each followed by validation; then validate and predict: one pass each, every batch read.
+    assert strategy.passes == [batches, len(val), batches, len(val), len(val), len(val)]
+
+
+def test_the_batch_feed_ability_is_looked_at_only_where_the_feed_is_chosen():
+    import stratagem.trainer.data as data_module
+
+    tree = ast.parse(Path(inspect.getfile(data_module)).read_text())
+    for function in ast.walk(tree):
+        if isinstance(function, ast.FunctionDef) and function.name != "batch_feed":
+            assert "FeedsBatchesToDevice" not in _names_in(function), function.name
+    for module in (fit_loop_module, evaluation_loop_module, predict_loop_module):
+        assert "FeedsBatchesToDevice" not in _names_in(ast.parse(Path(inspect.getfile(module)).read_text()))

@@ -85,7 +85,12 @@ PACKAGES: tuple[FirstPartyPackage, ...] = (
     FirstPartyPackage(
         extra="xla",
         distribution="stratagem-xla",
-        names={"strategy": ("xla", "single_xla", "xla_fsdp"), "accelerator": ("xla", "tpu")},
+        names={
+            "strategy": ("single_xla", "xla", "xla_debug", "xla_fsdp", "xla_fsdp_v2"),
+            "accelerator": ("xla", "tpu"),
+            "checkpoint IO": ("xla", "xla_sharded"),
+            "environment": ("xla",),
+        },
     ),
     FirstPartyPackage(
         extra="hpu",
@@ -166,7 +171,6 @@ LIGHTNING_NAMES: tuple[LightningName, ...] = (
     ),
     LightningName("strategy", "tpu_spawn", "Lightning's old name for the XLA strategy", ("xla",)),
     LightningName("strategy", "tpu_spawn_debug", "Lightning's old name for the XLA strategy (debug)", ("xla",)),
-    LightningName("strategy", "xla_debug", "Lightning's debug variant of the XLA strategy", ("xla",)),
     LightningName("strategy", "single_tpu", "Lightning's old name for one XLA device", ("single_xla",)),
     *(
         LightningName(

@@ -3,6 +3,7 @@
 from stratagem.strategies.capabilities import (
     BackwardSyncControl,
     EngineSteps,
+    FeedsBatchesToDevice,
     LoaderStage,
     OwnsAccumulation,
     OwnsTrainingStep,
@@ -19,6 +20,7 @@ from stratagem.strategies.strategy import LoopSettings, ReduceOp, Strategy, Stra
 __all__ = [
     "BackwardSyncControl",
     "EngineSteps",
+    "FeedsBatchesToDevice",
     "LoaderStage",
     "LoopSettings",
     "MemoryEstimate",

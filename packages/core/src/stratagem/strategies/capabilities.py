@@ -1,9 +1,9 @@
 """Optional abilities of a strategy, each a small interface a strategy opts into by subclassing it.
 
-The Trainer asks ``isinstance(strategy, <ability>)`` once, when a run starts, and picks the code
-path that fits (see :mod:`stratagem.trainer.accumulation`); a strategy that lacks an ability is
-never called for it. All methods here run in every worker, during a run, with the process group
-live.
+The Trainer asks ``isinstance(strategy, <ability>)`` once, when a run or a pass starts, and picks the
+code path that fits (see :mod:`stratagem.trainer.accumulation` and ``stratagem.trainer.data.batch_feed``);
+a strategy that lacks an ability is never called for it. All methods here run in every worker, during a
+run, with the process group live.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import warnings
 from abc import ABC, abstractmethod
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -71,6 +71,22 @@ class StepBoundaryListener(ABC):
     @abstractmethod
     def at_step_boundary(self, boundary: StepBoundary) -> None:
         """Told that the run reached ``boundary`` (see the class for where each one is)."""
+
+
+class FeedsBatchesToDevice(ABC):
+    """A strategy whose batches reach its device through a loader of its own.
+
+    XLA's parallel loader is one: it copies batches to the device ahead of the loop in a background
+    thread and cuts the lazily traced graph at every batch, so that each step compiles once and runs as
+    one graph. The loops then read every pass (a training epoch, each evaluation or prediction
+    dataloader) through :meth:`device_batches`; ``batch_to_device`` still runs on what it yields.
+    """
+
+    @abstractmethod
+    def device_batches(self, batches: Iterator[Any]) -> Iterator[Any]:
+        """The batches of one pass in the order ``batches`` yields them, already on the device. ``batches``
+        is the pass's iterator as the loop would read it (limited, and positioned where a resumed epoch
+        starts); what is not read when the loop stops early is dropped with the returned iterator."""
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ user's DataLoader is re-created around a DistributedSampler, with every other se
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from itertools import islice
 from typing import TYPE_CHECKING, Any
 
@@ -19,6 +19,8 @@ from torch.utils.data import (
     RandomSampler,
     SequentialSampler,
 )
+
+from stratagem.strategies import FeedsBatchesToDevice
 
 if TYPE_CHECKING:
     from stratagem.strategies import LoaderStage, Strategy
@@ -148,6 +150,19 @@ def limited(loader: Iterable[Any], count: int | None) -> Iterator[Any]:
     """Iterate at most ``count`` batches of ``loader`` (all when ``None``)."""
     iterator = iter(loader)
     return iterator if count is None else islice(iterator, count)
+
+
+def batch_feed(strategy: Strategy) -> Callable[[Iterator[Any]], Iterator[Any]]:
+    """How the loops read a pass's batches: through the strategy's own device loader where it has one
+    (:class:`~stratagem.strategies.FeedsBatchesToDevice`), else as the dataloader yields them. The one
+    place that ability is looked at; each loop asks once, before its passes."""
+    if isinstance(strategy, FeedsBatchesToDevice):
+        return strategy.device_batches
+    return _as_yielded
+
+
+def _as_yielded(batches: Iterator[Any]) -> Iterator[Any]:
+    return batches
 
 
 def _needs_sampler(loader: Iterable[Any]) -> bool:

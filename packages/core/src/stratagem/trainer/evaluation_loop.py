@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
-from stratagem.trainer.data import count_batches, limited
+from stratagem.trainer.data import batch_feed, count_batches, limited
 from stratagem.trainer.rng import isolated_rng
 from stratagem.trainer.step_boundaries import step_boundary_callback
 
@@ -49,13 +49,14 @@ def run_evaluation(
         metrics.stage = "evaluation"
         getattr(module, f"on_{kind}_epoch_start")()
         batch_end_hooks = hooks.overriding(f"on_{kind}_batch_end")
+        feed = batch_feed(strategy)
         several = len(loaders) > 1
         for dataloader_idx, loader in enumerate(loaders):
             metrics.suffix = f"/dataloader_idx_{dataloader_idx}" if several else ""
             count = count_batches(loader, limit, argument)
             if max_batches is not None:
                 count = max_batches if count is None else min(count, max_batches)
-            for batch_idx, batch in enumerate(limited(loader, count)):
+            for batch_idx, batch in enumerate(feed(limited(loader, count))):
                 metrics.batch = batch
                 batch = strategy.batch_to_device(batch)
                 arguments = (batch, batch_idx, dataloader_idx) if several else (batch, batch_idx)

@@ -16,7 +16,7 @@ import torch
 
 from stratagem.module import Module
 from stratagem.trainer.accumulation import accumulation_policy
-from stratagem.trainer.data import count_batches, set_epoch
+from stratagem.trainer.data import batch_feed, count_batches, set_epoch
 from stratagem.trainer.evaluation_loop import run_evaluation
 from stratagem.trainer.optimizers import step_schedulers
 from stratagem.trainer.progress import Throughput
@@ -55,6 +55,7 @@ class FitLoop:
         self.accumulate = settings.accumulate_grad_batches
         self.accumulation = accumulation_policy(self.strategy, self.accumulate, self.optimizers)
         self.at_step_boundary = step_boundary_callback(self.strategy)
+        self.feed = batch_feed(self.strategy)
         self.backward_optimizer = self.optimizers[0] if len(self.optimizers) == 1 else None
         self.step_schedulers = [config for config in trainer.lr_scheduler_configs if config.interval == "step"]
         self.validation_enabled = bool(val_loaders) and settings.limit_val_batches != 0
@@ -194,7 +195,7 @@ class FitLoop:
         if self._pending_rng is not None:
             restore_rng_state(self._pending_rng)
             self._pending_rng = None
-        return iterator
+        return self.feed(iterator)
 
     def _plan_validation(self, epoch: int) -> None:
         settings = self.settings

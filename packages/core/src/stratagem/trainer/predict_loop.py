@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from stratagem.trainer.data import count_batches, limited
+from stratagem.trainer.data import batch_feed, count_batches, limited
 from stratagem.trainer.step_boundaries import step_boundary_callback
 
 if TYPE_CHECKING:
@@ -30,12 +30,13 @@ def run_prediction(
     module.on_predict_epoch_start()
     batch_end_hooks = hooks.overriding("on_predict_batch_end")
     several = len(loaders) > 1
+    feed = batch_feed(strategy)
     predictions: list[list[Any]] = []
     with torch.no_grad():
         for dataloader_idx, loader in enumerate(loaders):
             outputs: list[Any] = []
             count = count_batches(loader, limit, "limit_predict_batches")
-            for batch_idx, batch in enumerate(limited(loader, count)):
+            for batch_idx, batch in enumerate(feed(limited(loader, count))):
                 batch = strategy.batch_to_device(batch)
                 arguments = (batch, batch_idx, dataloader_idx) if several else (batch, batch_idx)
                 at_step_boundary("before_evaluation_step")
