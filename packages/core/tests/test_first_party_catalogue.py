@@ -140,7 +140,7 @@ def test_close_matches_are_registered_names_or_installable_ones_with_their_comma
     assert 'They come from stratagem-ddp, which is not installed: pip install "stratagem[ddp]".' in message
     monkeypatch.setattr(first_party, "PACKAGES", (*first_party.PACKAGES, _UNRELEASED))
     assert "unreleased_single" not in _unknown_name_message(strategies, "unreleased_singel")
-    assert "Did you mean 'single_device'?" in _unknown_name_message(strategies, "single_devise")
+    assert "Did you mean 'single_device'" in _unknown_name_message(strategies, "single_devise")
 
 
 @pytest.mark.parametrize("entry", first_party.LIGHTNING_NAMES, ids=lambda entry: f"{entry.kind}:{entry.name}")
