@@ -16,8 +16,9 @@ import torch
 PEER_SCRIPT = Path(__file__).with_name("peer.py")
 JOIN_LINE = re.compile(r"STRATAGEM_HIVEMIND_INITIAL_PEERS=(\S+)")
 LOCALHOST = ["/ip4/127.0.0.1/tcp/0"]
-FAST_SWARM = {"matchmaking_time": 2.0, "averaging_timeout": 10.0, "host_maddrs": LOCALHOST}
-"""Short rounds for peers on one machine (hivemind's defaults are sized for the internet)."""
+SWARM = {"matchmaking_time": 5.0, "averaging_timeout": 30.0, "host_maddrs": LOCALHOST}
+"""The strategy's default rounds, on localhost. Shorter ones lose rounds ("could not find a group") when the
+machine is busy, and peers that lose a round step on their own gradients."""
 
 
 class Peer:
@@ -31,7 +32,7 @@ class Peer:
             sys.executable,
             str(PEER_SCRIPT),
             str(directory),
-            json.dumps({**FAST_SWARM, **options}),
+            json.dumps({**SWARM, **options}),
             f"--steps={steps}",
             f"--data-seed={data_seed}",
             f"--step-delay={step_delay}",

@@ -73,17 +73,20 @@ def swarm_options(
 ) -> SwarmOptions:
     """Check every option (a ``ValueError``/``TypeError`` names the option, the value and what is accepted)
     and fill ``initial_peers`` and ``min_peers`` from the environment where they are not given."""
-    for name, value in (("target_batch_size", target_batch_size), ("batch_size_per_step", batch_size_per_step)):
-        if value is not None:
-            _positive_int(name, value)
+    for name, count in (("target_batch_size", target_batch_size), ("batch_size_per_step", batch_size_per_step)):
+        if count is not None:
+            _positive_int(name, count)
     if not isinstance(run_id, str) or not run_id or any(character.isspace() for character in run_id):
         raise ValueError(
             f"HivemindStrategy(run_id={run_id!r}) is not valid; expected a non-empty string without spaces, the same "
             "on every peer of the run."
         )
-    for name, value in (("join_timeout", join_timeout), ("matchmaking_time", matchmaking_time)):
-        _positive_seconds(name, value)
-    _positive_seconds("averaging_timeout", averaging_timeout)
+    for name, seconds in (
+        ("join_timeout", join_timeout),
+        ("matchmaking_time", matchmaking_time),
+        ("averaging_timeout", averaging_timeout),
+    ):
+        _positive_seconds(name, seconds)
     flags = {
         "use_local_updates": use_local_updates,
         "delay_state_averaging": delay_state_averaging,
@@ -149,7 +152,9 @@ def _addresses(option: str, value: str | Sequence[str]) -> tuple[str, ...]:
     elif isinstance(value, Sequence) and all(isinstance(item, str) for item in value):
         items = [item.strip() for item in value if item.strip()]
     else:
-        raise TypeError(f"HivemindStrategy({option}={value!r}) is not valid; expected a multiaddr string or a list of them.")
+        raise TypeError(
+            f"HivemindStrategy({option}={value!r}) is not valid; expected a multiaddr string or a list of them."
+        )
     for item in items:
         if not item.startswith("/"):
             raise ValueError(

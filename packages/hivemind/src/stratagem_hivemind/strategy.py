@@ -102,13 +102,13 @@ class HivemindStrategy(SingleDeviceStrategy):
 
     def connect_loop_settings(self, settings: LoopSettings) -> None:
         super().connect_loop_settings(settings)
-        if self.options.target_batch_size is not None and self.batch_size_per_step is not None:
-            if self.batch_size_per_step > self.options.target_batch_size:
-                raise ValueError(
-                    f"HivemindStrategy(target_batch_size={self.options.target_batch_size}) is smaller than one "
-                    f"local step's {self.batch_size_per_step} samples (batch size x accumulate_grad_batches): every "
-                    "step would end a collaborative epoch before any peer could join it. Raise target_batch_size."
-                )
+        target, per_step = self.options.target_batch_size, self.batch_size_per_step
+        if target is not None and per_step is not None and per_step > target:
+            raise ValueError(
+                f"HivemindStrategy(target_batch_size={target}) is smaller than one local step's {per_step} samples "
+                "(batch size x accumulate_grad_batches): every step would end a collaborative epoch before any peer "
+                "could join it. Raise target_batch_size."
+            )
 
     def setup_optimizers(self, optimizers: list[Optimizer]) -> list[Optimizer]:
         optimizers = super().setup_optimizers(optimizers)

@@ -1,4 +1,4 @@
-"""This peer's part of the swarm: its DHT node and the hivemind optimizer built on it, started and shut down together."""
+"""This peer's part of the swarm: its DHT node and the hivemind optimizer on it, started and shut down together."""
 
 from __future__ import annotations
 

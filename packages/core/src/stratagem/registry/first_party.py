@@ -77,6 +77,11 @@ PACKAGES: tuple[FirstPartyPackage, ...] = (
         },
     ),
     FirstPartyPackage(
+        extra="hivemind",
+        distribution="stratagem-hivemind",
+        names={"strategy": ("hivemind",)},
+    ),
+    FirstPartyPackage(
         extra="xla",
         distribution="stratagem-xla",
         names={"strategy": ("xla", "single_xla", "xla_fsdp"), "accelerator": ("xla", "tpu")},
@@ -139,7 +144,8 @@ LIGHTNING_NAMES: tuple[LightningName, ...] = (
     LightningName(
         "strategy",
         "bagua",
-        "Lightning moved Bagua to the lightning-bagua package; stratagem has no Bagua strategy",
+        "Lightning moved Bagua to the lightning-bagua package; stratagem offers no Bagua strategy: Bagua 0.9.2 "
+        "builds only against NCCL (no CPU path), has no wheels for Python 3.11 and is no longer maintained",
         ("ddp",),
     ),
     LightningName(
@@ -147,12 +153,6 @@ LIGHTNING_NAMES: tuple[LightningName, ...] = (
         "colossalai",
         "Lightning moved Colossal-AI to the lightning-colossalai package; stratagem has no Colossal-AI strategy",
         ("fsdp", "deepspeed_stage_3"),
-    ),
-    LightningName(
-        "strategy",
-        "hivemind",
-        "Lightning moved Hivemind to the lightning-hivemind package; stratagem has no Hivemind strategy",
-        ("ddp",),
     ),
     LightningName("strategy", "tpu_spawn", "Lightning's old name for the XLA strategy", ("xla",)),
     LightningName("strategy", "tpu_spawn_debug", "Lightning's old name for the XLA strategy (debug)", ("xla",)),
