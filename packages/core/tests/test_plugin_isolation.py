@@ -129,7 +129,7 @@ def _target_plugin(fake, target_source):
         ("class Target:\n    pass\n", "is not a subclass of stratagem.strategies.strategy.Strategy"),
         (
             "from stratagem.strategies import Strategy\n\nclass Target(Strategy):\n    pass\n",
-            "leaves abstract method(s) unimplemented: all_gather, barrier, broadcast, configure",
+            "leaves abstract method(s) unimplemented: all_gather, barrier, broadcast, launcher",
         ),
     ],
     ids=["missing-module", "exits-on-import", "not-a-strategy", "abstract"],

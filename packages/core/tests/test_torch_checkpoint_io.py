@@ -110,3 +110,27 @@ def test_missing_checkpoint_names_the_path(tmp_path):
 def test_an_unrecognised_directory_says_which_readers_were_asked(tmp_path):
     with pytest.raises(ValueError, match="No installed checkpoint IO recognises"):
         read_full_checkpoint(tmp_path, TorchCheckpointIO())
+
+
+def test_every_checkpoint_io_removes_a_file_or_a_directory_and_ignores_a_missing_one(tmp_path):
+    from stratagem.checkpoint_io import CheckpointIO
+
+    class WritesNothingOfItsOwn(CheckpointIO):
+        def save_checkpoint(self, checkpoint, path):
+            raise NotImplementedError
+
+        def load_checkpoint(self, path, map_location="cpu", weights_only=True):
+            raise NotImplementedError
+
+    file, directory = tmp_path / "model.ckpt", tmp_path / "shards"
+    file.write_bytes(b"x")
+    (directory / "inner").mkdir(parents=True)
+    (directory / "inner" / "0.distcp").write_bytes(b"x")
+    for io in (WritesNothingOfItsOwn(), TorchCheckpointIO()):
+        io.remove_checkpoint(file)
+        io.remove_checkpoint(directory)
+        io.remove_checkpoint(tmp_path / "never-written")
+        assert not file.exists()
+        assert not directory.exists()
+        file.write_bytes(b"x")
+        (directory / "inner").mkdir(parents=True)

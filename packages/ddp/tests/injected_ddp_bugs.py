@@ -9,7 +9,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from stratagem.registry import Registry
-from stratagem_ddp.ddp import DDPStrategy
+from stratagem_ddp.strategy import DDPStrategy
 
 
 class DDPWithoutInitialBroadcast(DDPStrategy):

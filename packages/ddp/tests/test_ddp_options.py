@@ -146,3 +146,42 @@ def test_dp_accepts_32_bit_precision_on_cuda_devices():
         cluster_environment=LocalEnvironment(),
     )
     assert strategy.root_device == torch.device("cuda", 0)
+
+
+def test_parallel_options_given_to_ddp_reach_parallel_strategy():
+    strategy = DDPStrategy(find_unused_parameters=True, timeout=9, process_group_backend="gloo", start_method="spawn")
+    assert strategy.find_unused_parameters
+    assert (strategy.timeout.total_seconds(), strategy.process_group_backend, strategy.start_method) == (
+        9,
+        "gloo",
+        "spawn",
+    )
+
+
+def test_the_registry_checks_ddp_options_against_its_own_and_the_parallel_ones():
+    from stratagem import registry
+
+    assert registry.strategies.create("ddp_spawn", timeout=11).timeout.total_seconds() == 11
+    with pytest.raises(TypeError, match=r"does not accept option\(s\) 'timout'\. Accepted: .*find_unused_parameters"):
+        registry.strategies.create("ddp", timout=11)
+
+
+def test_an_unknown_ddp_option_lists_the_accepted_ones():
+    with pytest.raises(TypeError, match=r"DDPStrategy does not accept option\(s\) 'bucket_cap'\. Accepted: .*timeout"):
+        DDPStrategy(bucket_cap=25)
+
+
+def test_lightnings_precision_plugin_is_refused_by_ddp_naming_precision():
+    with pytest.raises(TypeError, match=r"DDPStrategy\(precision_plugin=\.\.\.\) is Lightning's name; .*precision="):
+        DDPStrategy(precision_plugin=Precision())
+
+
+def test_dp_takes_the_options_of_every_strategy_without_re_declaring_them():
+    from stratagem import registry
+
+    strategy = registry.strategies.create("dp", precision=Precision(), parallel_devices=[torch.device("cuda", 0)])
+    assert strategy.precision.name == "32-true"
+    with pytest.raises(TypeError, match=r"accept option\(s\) 'devices'\. Accepted: accelerator, checkpoint_io"):
+        registry.strategies.create("dp", devices=2)
+    with pytest.raises(TypeError, match=r"DataParallelStrategy\(precision_plugin=\.\.\.\) is Lightning's name"):
+        DataParallelStrategy(precision_plugin=Precision())

@@ -52,7 +52,7 @@ def test_discovering_the_plugin_imports_neither_torch_nor_the_strategies():
     code = (
         "import sys; from importlib.metadata import entry_points; "
         "[ep.load() for ep in entry_points(group='stratagem.strategies') if ep.dist.name == 'stratagem-ddp']; "
-        "print(sorted(m for m in ('torch', 'stratagem_ddp.ddp', 'stratagem_ddp.dp') if m in sys.modules))"
+        "print(sorted(m for m in ('torch', 'stratagem_ddp.strategy', 'stratagem_ddp.dp') if m in sys.modules))"
     )
     output = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
     assert output.stdout.strip() == "[]"

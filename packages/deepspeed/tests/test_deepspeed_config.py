@@ -287,3 +287,16 @@ def test_a_checkpoint_io_the_engine_would_bypass_is_refused_at_construction(plug
 def test_the_deepspeed_checkpoint_io_is_accepted_as_a_plugin():
     strategy = stratagem.resolve(strategy="deepspeed_stage_3", accelerator="cpu", devices=2, plugins="deepspeed")
     assert type(strategy.checkpoint_io).__name__ == "DeepSpeedCheckpointIO"
+
+
+def test_parallel_options_given_to_deepspeed_reach_parallel_strategy_and_lightnings_go_to_the_config():
+    strategy = DeepSpeedStrategy(
+        stage=1, timeout=9, start_method="spawn", process_group_backend="gloo", pin_memory=True
+    )
+    assert (strategy.timeout.total_seconds(), strategy.start_method, strategy.process_group_backend) == (
+        9,
+        "spawn",
+        "gloo",
+    )
+    assert strategy._lightning.config_values == {"pin_memory": True}
+    assert stratagem.registry.strategies.create("deepspeed", timeout=13).timeout.total_seconds() == 13

@@ -175,3 +175,14 @@ def test_optimizer_state_converts_between_index_and_name_keys_without_loss():
     assert named["param_groups"][1]["params"] == ["out.weight", "out.bias"]
     assert set(named["state"]) == set(names)
     assert to_index_keyed(named) == state
+
+
+def test_parallel_options_given_to_fsdp_reach_parallel_strategy_and_the_rest_go_to_fully_shard():
+    strategy = FSDPStrategy(timeout=9, start_method="spawn", process_group_backend="gloo", reshard_after_forward=False)
+    assert (strategy.timeout.total_seconds(), strategy.start_method, strategy.process_group_backend) == (
+        9,
+        "spawn",
+        "gloo",
+    )
+    assert strategy._fully_shard_kwargs == {"reshard_after_forward": False}
+    assert registry.strategies.create("fsdp_spawn", timeout=13).timeout.total_seconds() == 13

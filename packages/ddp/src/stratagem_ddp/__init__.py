@@ -9,14 +9,14 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from stratagem_ddp.ddp import DDPStrategy
     from stratagem_ddp.dp import DataParallelStrategy
     from stratagem_ddp.registration import register
+    from stratagem_ddp.strategy import DDPStrategy
 
 __all__ = ["DDPStrategy", "DataParallelStrategy", "register"]
 
 _LAZY = {
-    "DDPStrategy": "stratagem_ddp.ddp",
+    "DDPStrategy": "stratagem_ddp.strategy",
     "DataParallelStrategy": "stratagem_ddp.dp",
     "register": "stratagem_ddp.registration",
 }

@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
-from stratagem.accelerators import Accelerator
-from stratagem.checkpoint_io import CheckpointIO
 from stratagem.environments.cluster_environment import ClusterEnvironment
 from stratagem.launchers import InProcessLauncher, Launcher
-from stratagem.precision import Precision
-from stratagem.strategies import ReduceOp, Strategy
+from stratagem.strategies import ReduceOp, Strategy, StrategyOptions
 from stratagem.strategies.collective_arguments import reduce_operation
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 SUPPORTED_PRECISIONS = ("32-true", "64-true")
 """DataParallel replicates the module per forward; the 16-bit plugins' casts and scalers do not follow it."""
@@ -28,45 +28,31 @@ class DataParallelStrategy(Strategy):
     """
 
     def __init__(
-        self,
-        accelerator: Accelerator | None = None,
-        precision: Precision | None = None,
-        checkpoint_io: CheckpointIO | None = None,
-        parallel_devices: list[torch.device] | None = None,
+        self, parallel_devices: list[torch.device] | None = None, **strategy_options: Unpack[StrategyOptions]
     ) -> None:
-        super().__init__(accelerator=accelerator, precision=precision, checkpoint_io=checkpoint_io)
+        super().__init__(**strategy_options)
         self.parallel_devices = parallel_devices
         self._launcher = InProcessLauncher()
 
-    def configure(
-        self,
-        *,
-        accelerator: Accelerator,
-        devices: list[torch.device],
-        num_nodes: int,
-        precision: Precision,
-        checkpoint_io: CheckpointIO | None,
-        cluster_environment: ClusterEnvironment,
+    def configure_placement(
+        self, *, devices: list[torch.device], num_nodes: int, cluster_environment: ClusterEnvironment
     ) -> None:
-        accelerator = self._accelerator or accelerator
-        if accelerator.device_type != "cuda":
-            raise ValueError(
-                f"strategy='dp' (torch DataParallel) splits batches over several CUDA GPUs in one process, but "
-                f"accelerator={accelerator.device_type!r}. Use accelerator='cuda', or strategy='ddp' (one process "
-                "per device, also on CPU)."
-            )
         if num_nodes != 1:
             raise ValueError(f"strategy='dp' runs in one process on one machine, but num_nodes={num_nodes}; use 'ddp'.")
-        precision = self._precision or precision
-        if precision.name not in SUPPORTED_PRECISIONS:
+        self.parallel_devices = self.parallel_devices or devices
+
+    def complete_configuration(self) -> None:
+        if self.accelerator.device_type != "cuda":
             raise ValueError(
-                f"strategy='dp' does not support precision={precision.name!r}; expected one of "
+                f"strategy='dp' (torch DataParallel) splits batches over several CUDA GPUs in one process, but "
+                f"accelerator={self.accelerator.device_type!r}. Use accelerator='cuda', or strategy='ddp' (one process "
+                "per device, also on CPU)."
+            )
+        if self.precision.name not in SUPPORTED_PRECISIONS:
+            raise ValueError(
+                f"strategy='dp' does not support precision={self.precision.name!r}; expected one of "
                 f"{', '.join(map(repr, SUPPORTED_PRECISIONS))}. Use strategy='ddp' for 16-bit precision."
             )
-        self._accelerator = accelerator
-        self._precision = precision
-        self._checkpoint_io = self._checkpoint_io or checkpoint_io
-        self.parallel_devices = self.parallel_devices or devices
 
     @property
     def launcher(self) -> Launcher:

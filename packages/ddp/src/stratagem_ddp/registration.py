@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from stratagem.registry import Registry
 
-_DDP = "stratagem_ddp.ddp:DDPStrategy"
+_DDP = "stratagem_ddp.strategy:DDPStrategy"
 _FIND_UNUSED = "_find_unused_parameters_true"
 _NO_FIND_UNUSED = "_find_unused_parameters_false"
 

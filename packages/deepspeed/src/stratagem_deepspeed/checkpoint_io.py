@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -53,13 +52,6 @@ class DeepSpeedCheckpointIO(CheckpointIO):
         weights_only: bool = True,
     ) -> dict[str, Any]:
         return read_checkpoint(Path(path), map_location=map_location, weights_only=weights_only)
-
-    def remove_checkpoint(self, path: PathLike) -> None:
-        target = Path(path)
-        if target.is_dir():
-            shutil.rmtree(target)
-        else:
-            target.unlink(missing_ok=True)
 
     @classmethod
     def can_read(cls, path: PathLike) -> bool:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import copy
 import difflib
 import warnings
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -93,8 +93,11 @@ class LightningOptions:
         return config
 
 
-def parse_lightning_options(options: Mapping[str, Any], config_given: bool) -> LightningOptions:
-    """Sort Lightning's keyword arguments; an unknown name is a ``TypeError`` naming the close ones."""
+def parse_lightning_options(
+    options: Mapping[str, Any], config_given: bool, own_options: Iterable[str] = ()
+) -> LightningOptions:
+    """Sort Lightning's keyword arguments; an unknown name is a ``TypeError`` naming the close ones among these and
+    ``own_options`` (the strategy's named ones)."""
     known = (*CONFIG_PATHS, *FP16_OPTIONS, *OTHER_OPTIONS)
     parsed = LightningOptions()
     for option, value in options.items():
@@ -104,7 +107,7 @@ def parse_lightning_options(options: Mapping[str, Any], config_given: bool) -> L
                 f"(DeepSpeedStrategy({RENAMED[option]}=...), or precision= on the Trainer)."
             )
         if option not in known:
-            close = difflib.get_close_matches(option, [*known, *_OWN_OPTIONS], n=3)
+            close = difflib.get_close_matches(option, [*known, *own_options], n=3)
             hint = f" Did you mean {', '.join(close)}?" if close else ""
             raise TypeError(f"DeepSpeedStrategy() got an unexpected keyword argument {option!r}.{hint}")
         if config_given and option != "load_full_weights":
@@ -124,15 +127,6 @@ def parse_lightning_options(options: Mapping[str, Any], config_given: bool) -> L
             # stratagem always loads a single full-weights file into stage 3 (it recognises one by its layout).
             _boolean(option, value)
     return parsed
-
-
-_OWN_OPTIONS = (
-    "stage", "offload_optimizer", "offload_parameters", "remote_device", "offload_params_device",
-    "offload_optimizer_device", "nvme_path", "allgather_bucket_size", "reduce_bucket_size", "cpu_checkpointing",
-    "partition_activations", "contiguous_gradients", "overlap_comm", "logging_level", "save_full_weights", "config",
-    "start_method", "precision", "checkpoint_io", "parallel_devices", "cluster_environment", "process_group_backend",
-    "timeout",
-)  # fmt: skip
 
 
 def _where(option: str) -> str:

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import contextlib
+import inspect
 import logging
 import os
 import sys
 import warnings
 from collections.abc import Iterator, Mapping
-from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
@@ -16,12 +16,14 @@ import torch
 from torch import nn
 from torch.optim import Optimizer
 
-from stratagem.accelerators import Accelerator
 from stratagem.checkpoint_io import CheckpointIO, PathLike, move_into_place, temporary_sibling
-from stratagem.environments.cluster_environment import ClusterEnvironment
-from stratagem.precision import Precision
-from stratagem.strategies import LoopSettings, OwnsAccumulation, ParallelStrategy, skip_parameter_init
-from stratagem.strategies.parallel import DEFAULT_TIMEOUT
+from stratagem.strategies import (
+    LoopSettings,
+    OwnsAccumulation,
+    ParallelStrategy,
+    skip_parameter_init,
+    split_parallel_options,
+)
 from stratagem_deepspeed import checkpoint_layout as layout
 from stratagem_deepspeed.activation_checkpointing import (
     check_activation_checkpointing,
@@ -71,8 +73,9 @@ class DeepSpeedStrategy(ParallelStrategy, OwnsAccumulation):
         save_full_weights: also store the gathered fp32 module in each checkpoint, so that readers
             need neither DeepSpeed nor the shards to load its weights.
         config: DeepSpeed config (dict or JSON file path), replacing the options above.
-        start_method: how processes start (``"popen"`` re-runs the script; or a multiprocessing method).
-        **lightning_options: Lightning's other ``DeepSpeedStrategy`` options (``pin_memory``,
+        **options: the options of every :class:`~stratagem.strategies.ParallelStrategy` (``start_method``,
+            ``timeout``, ``process_group_backend``, ...; see :class:`~stratagem.strategies.ParallelOptions`), and
+            Lightning's other ``DeepSpeedStrategy`` options (``pin_memory``,
             ``sub_group_size``, ``loss_scale``, ``initial_scale_power``, ``loss_scale_window``,
             ``hysteresis``, ``min_loss_scale``, ``logging_batch_size_per_gpu``, ``load_full_weights``,
             ``zero_optimization``, the NVMe ``aio`` and buffer options, ...), written to the config keys
@@ -84,7 +87,6 @@ class DeepSpeedStrategy(ParallelStrategy, OwnsAccumulation):
 
     def __init__(
         self,
-        accelerator: Accelerator | None = None,
         *,
         stage: int = 2,
         offload_optimizer: bool = False,
@@ -102,28 +104,15 @@ class DeepSpeedStrategy(ParallelStrategy, OwnsAccumulation):
         logging_level: int = logging.WARNING,
         save_full_weights: bool = False,
         config: Mapping[str, Any] | str | os.PathLike[str] | None = None,
-        start_method: str = "popen",
-        precision: Precision | None = None,
-        checkpoint_io: CheckpointIO | None = None,
-        parallel_devices: list[torch.device] | None = None,
-        cluster_environment: ClusterEnvironment | None = None,
-        process_group_backend: str | None = None,
-        timeout: timedelta | float = DEFAULT_TIMEOUT,
-        **lightning_options: Any,
+        **options: Any,
     ) -> None:
-        self._lightning = parse_lightning_options(lightning_options, config_given=config is not None)
+        parallel_options, lightning_options = split_parallel_options(options)
+        self._lightning = parse_lightning_options(
+            lightning_options, config_given=config is not None, own_options=inspect.signature(type(self)).parameters
+        )
         if not self._lightning.zero_optimization:
             stage = 0
-        super().__init__(
-            accelerator=accelerator,
-            precision=precision,
-            checkpoint_io=checkpoint_io,
-            parallel_devices=parallel_devices,
-            cluster_environment=cluster_environment,
-            process_group_backend=process_group_backend,
-            timeout=timeout,
-            start_method=start_method,
-        )
+        super().__init__(**parallel_options)
         if remote_device not in (None, "cpu", "nvme"):
             raise ValueError(
                 f"DeepSpeedStrategy(remote_device={remote_device!r}) is not valid; expected None, 'cpu' or 'nvme'."

@@ -116,13 +116,6 @@ class DistributedCheckpointIO(CheckpointIO):
         others = {key: value for key, value in others.items() if not _holds_optimizer_states(value)}
         return {**others, **_read_plain_entries(directory, weights_only)}
 
-    def remove_checkpoint(self, path: PathLike) -> None:
-        target = Path(path)
-        if target.is_dir():
-            shutil.rmtree(target)
-        else:
-            target.unlink(missing_ok=True)
-
     @classmethod
     def can_read(cls, path: PathLike) -> bool:
         return (Path(path) / METADATA_FILE).is_file()

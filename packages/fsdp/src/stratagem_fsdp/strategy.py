@@ -6,7 +6,6 @@ import contextlib
 import functools
 import warnings
 from collections.abc import Iterator
-from datetime import timedelta
 from pathlib import Path
 from typing import Any, Literal, cast
 
@@ -26,12 +25,8 @@ from torch.distributed.tensor import DTensor
 from torch.optim import Optimizer
 from torch.utils._pytree import tree_map
 
-from stratagem.accelerators import Accelerator
 from stratagem.checkpoint_io import CheckpointError, CheckpointIO, PathLike, read_full_checkpoint
-from stratagem.environments.cluster_environment import ClusterEnvironment
-from stratagem.precision import Precision
-from stratagem.strategies import BackwardSyncControl, ParallelStrategy
-from stratagem.strategies.parallel import DEFAULT_TIMEOUT
+from stratagem.strategies import BackwardSyncControl, ParallelStrategy, split_parallel_options
 from stratagem_fsdp.checkpoint_io import DistributedCheckpointIO
 from stratagem_fsdp.materialize import has_meta_tensors, materialize
 from stratagem_fsdp.optimizer_state import parameter_names, to_index_keyed, to_name_keyed
@@ -80,19 +75,14 @@ class FSDPStrategy(ParallelStrategy, BackwardSyncControl):
     - ``mixed_precision``: a ``MixedPrecisionPolicy``; by default derived from the Trainer's precision.
     - ``state_dict_type``: ``"sharded"`` (a directory, each rank writing its shards) or
       ``"full"`` (one file written by rank 0). Both load into any strategy and world size.
-    - ``start_method``: how processes start (``"popen"``, ``"spawn"``, ``"fork"``, ``"forkserver"``).
+    - the options of every :class:`~stratagem.strategies.ParallelStrategy` (``start_method``, ``timeout``,
+      ``process_group_backend``, ...; see :class:`~stratagem.strategies.ParallelOptions`).
     - other keyword options go to ``fully_shard`` (``reshard_after_forward``, ``shard_placement_fn``, ...).
     """
 
     def __init__(
         self,
-        accelerator: Accelerator | None = None,
-        precision: Precision | None = None,
-        checkpoint_io: CheckpointIO | None = None,
-        parallel_devices: list[torch.device] | None = None,
-        cluster_environment: ClusterEnvironment | None = None,
-        process_group_backend: str | None = None,
-        timeout: timedelta | float = DEFAULT_TIMEOUT,
+        *,
         cpu_offload: bool | OffloadPolicy = False,
         mixed_precision: MixedPrecisionPolicy | None = None,
         auto_wrap_policy: ModulePolicy | None = None,
@@ -100,19 +90,10 @@ class FSDPStrategy(ParallelStrategy, BackwardSyncControl):
         sharding_strategy: ShardingStrategyName | Any = "FULL_SHARD",
         state_dict_type: StateDictType = "sharded",
         device_mesh: tuple[int, int] | None = None,
-        start_method: str = "popen",
-        **kwargs: Any,
+        **options: Any,
     ) -> None:
-        super().__init__(
-            accelerator=accelerator,
-            precision=precision,
-            checkpoint_io=checkpoint_io,
-            parallel_devices=parallel_devices,
-            cluster_environment=cluster_environment,
-            process_group_backend=process_group_backend,
-            timeout=timeout,
-            start_method=start_method,
-        )
+        parallel_options, kwargs = split_parallel_options(options)
+        super().__init__(**parallel_options)
         self.sharding_strategy = sharding_strategy_name(sharding_strategy)
         self.state_dict_type = check_state_dict_type(state_dict_type)
         self.cpu_offload = check_cpu_offload(cpu_offload)

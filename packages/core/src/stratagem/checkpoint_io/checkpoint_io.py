@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any, ClassVar
@@ -50,9 +51,16 @@ class CheckpointIO(ABC):
     ) -> dict[str, Any]:
         """Read the checkpoint at ``path``. ``weights_only=False`` allows arbitrary pickles."""
 
-    @abstractmethod
     def remove_checkpoint(self, path: PathLike) -> None:
-        """Delete the checkpoint at ``path`` (a file or a directory)."""
+        """Delete the checkpoint at ``path`` (a file or a directory); nothing there is not an error.
+
+        Override for checkpoints that are not files on this file system (an object store, say).
+        """
+        target = Path(path)
+        if target.is_dir():
+            shutil.rmtree(target)
+        else:
+            target.unlink(missing_ok=True)
 
     @classmethod
     def can_read(cls, path: PathLike) -> bool:

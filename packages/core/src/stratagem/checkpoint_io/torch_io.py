@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -51,13 +50,6 @@ class TorchCheckpointIO(CheckpointIO):
         if not target.is_file():
             raise FileNotFoundError(f"No checkpoint file at {str(target)!r}.")
         return load_torch_file(target, map_location=map_location, weights_only=weights_only)
-
-    def remove_checkpoint(self, path: PathLike) -> None:
-        target = Path(path)
-        if target.is_dir():
-            shutil.rmtree(target)
-        else:
-            target.unlink(missing_ok=True)
 
     @classmethod
     def can_read(cls, path: PathLike) -> bool:

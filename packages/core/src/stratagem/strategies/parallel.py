@@ -6,7 +6,7 @@ import os
 from abc import ABC
 from collections.abc import Callable, Iterator
 from datetime import timedelta
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -25,7 +25,7 @@ from stratagem.strategies._process_group_options import (
     check_timeout,
 )
 from stratagem.strategies.collective_arguments import reduce_operation
-from stratagem.strategies.strategy import ReduceOp, Strategy
+from stratagem.strategies.strategy import ReduceOp, Strategy, StrategyOptions
 
 DEFAULT_TIMEOUT = timedelta(minutes=30)
 
@@ -40,6 +40,30 @@ _REDUCE_OPS = {
     "max": dist.ReduceOp.MAX,
     "min": dist.ReduceOp.MIN,
 }
+
+
+class ParallelOptions(StrategyOptions, total=False):
+    """The options every :class:`ParallelStrategy` takes, with the defaults of :meth:`ParallelStrategy.__init__`.
+
+    A backend declares its own options and takes these as ``**parallel_options: Unpack[ParallelOptions]``
+    (passed on to ``super().__init__``), so that they are declared once, here and on the base class.
+    """
+
+    parallel_devices: list[torch.device] | None
+    cluster_environment: ClusterEnvironment | None
+    process_group_backend: str | None
+    timeout: timedelta | float
+    start_method: str
+
+
+PARALLEL_OPTIONS = ParallelOptions.__optional_keys__
+
+
+def split_parallel_options(options: dict[str, Any]) -> tuple[ParallelOptions, dict[str, Any]]:
+    """``options`` cut in two: those of :class:`ParallelOptions`, and the rest (a backend's catch-all)."""
+    parallel = {name: value for name, value in options.items() if name in PARALLEL_OPTIONS}
+    rest = {name: value for name, value in options.items() if name not in PARALLEL_OPTIONS}
+    return cast(ParallelOptions, parallel), rest
 
 
 class ParallelStrategy(Strategy, ABC):
@@ -71,19 +95,9 @@ class ParallelStrategy(Strategy, ABC):
         self._created_process_group = False
         self._arrivals: ArrivalLog | None = None
 
-    def configure(
-        self,
-        *,
-        accelerator: Accelerator,
-        devices: list[torch.device],
-        num_nodes: int,
-        precision: Precision,
-        checkpoint_io: CheckpointIO | None,
-        cluster_environment: ClusterEnvironment,
+    def configure_placement(
+        self, *, devices: list[torch.device], num_nodes: int, cluster_environment: ClusterEnvironment
     ) -> None:
-        self._accelerator = self._accelerator or accelerator
-        self._precision = self._precision or precision
-        self._checkpoint_io = self._checkpoint_io or checkpoint_io
         self.parallel_devices = self.parallel_devices or devices
         self.cluster_environment = self.cluster_environment or cluster_environment
         self.num_nodes = num_nodes
@@ -92,13 +106,6 @@ class ParallelStrategy(Strategy, ABC):
         self._set_world_ranks()
         check_placement(self.cluster_environment, len(self.parallel_devices), num_nodes)
         join_timeout()
-        self.complete_configuration()
-
-    def complete_configuration(self) -> None:
-        """Finish and check the strategy's own settings once :meth:`configure` has the connector's values.
-
-        Raise ``ValueError`` on what cannot work; this still runs in the calling process, before launch.
-        """
 
     @property
     def launcher(self) -> Launcher:

@@ -27,15 +27,8 @@ class SingleDeviceStrategy(Strategy):
         self._device = torch.device(device) if device is not None else None
         self._launcher = InProcessLauncher()
 
-    def configure(
-        self,
-        *,
-        accelerator: Accelerator,
-        devices: list[torch.device],
-        num_nodes: int,
-        precision: Precision,
-        checkpoint_io: CheckpointIO | None,
-        cluster_environment: ClusterEnvironment,
+    def configure_placement(
+        self, *, devices: list[torch.device], num_nodes: int, cluster_environment: ClusterEnvironment
     ) -> None:
         if len(devices) * num_nodes != 1:
             raise ValueError(
@@ -45,14 +38,13 @@ class SingleDeviceStrategy(Strategy):
             )
         if self._device is None:
             self._device = devices[0]
-        elif self._device.type != accelerator.device_type:
+
+    def complete_configuration(self) -> None:
+        if self._device is not None and self._device.type != self.accelerator.device_type:
             raise ValueError(
                 f"SingleDeviceStrategy(device={str(self._device)!r}) does not match "
-                f"accelerator={accelerator.device_type!r}."
+                f"accelerator={self.accelerator.device_type!r}."
             )
-        self._accelerator = self._accelerator or accelerator
-        self._precision = self._precision or precision
-        self._checkpoint_io = self._checkpoint_io or checkpoint_io
 
     @property
     def launcher(self) -> Launcher:

@@ -7,7 +7,7 @@ import functools
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, TypedDict
 
 import torch
 from torch import nn
@@ -20,6 +20,7 @@ from stratagem.launchers import Launcher
 from stratagem.precision import Precision
 from stratagem.strategies._forward_redirect import call_through_forward
 from stratagem.strategies.capabilities import adopt_legacy_capabilities
+from stratagem.strategies.constructor_signature import check_option_names, signature_with_forwarded_options
 from stratagem.strategies.init_contexts import skip_parameter_init
 
 ReduceOp = Literal["sum", "mean", "max", "min"]
@@ -37,6 +38,15 @@ class LoopSettings:
     loader has none, e.g. an iterable of ready-made batches)."""
 
 
+class StrategyOptions(TypedDict, total=False):
+    """The options every :class:`Strategy` takes (default ``None``: the connector's choice). A subclass may take
+    them as ``**strategy_options: Unpack[StrategyOptions]`` rather than re-declaring them."""
+
+    accelerator: Accelerator | None
+    precision: Precision | None
+    checkpoint_io: CheckpointIO | None
+
+
 class Strategy(ABC):
     """How one training run is distributed. Created by the connector, driven by the Trainer.
 
@@ -45,10 +55,6 @@ class Strategy(ABC):
     gradient sync while accumulating, an engine that owns accumulation) are opt-in interfaces in
     :mod:`stratagem.strategies.capabilities`, which a strategy subclasses beside this class.
     """
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        adopt_legacy_capabilities(cls)
 
     max_optimizers: ClassVar[int | None] = None
     """How many optimizers :meth:`setup_optimizers` accepts; ``None`` means no limit."""
@@ -81,9 +87,20 @@ class Strategy(ABC):
         self.loop_settings = LoopSettings()
         self._in_run = False
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        adopt_legacy_capabilities(cls)
+        # What help(), the registry's option check and __new__ read: a subclass's own options and those it forwards.
+        setattr(cls, "__signature__", signature_with_forwarded_options(cls))  # noqa: B010 - not a declared attribute
+
+    def __new__(cls, *args: Any, **options: Any) -> Strategy:
+        # Checked before __init__, so that an unknown keyword names this class and what it accepts, not the base
+        # class whose __init__ a **parallel_options would carry it to.
+        check_option_names(cls, options)
+        return super().__new__(cls)
+
     # -- wiring -----------------------------------------------------------------------------
 
-    @abstractmethod
     def configure(
         self,
         *,
@@ -97,8 +114,33 @@ class Strategy(ABC):
         """Receive what the connector resolved; raise ``ValueError`` on what cannot work.
 
         Called once, in the calling process, before anything starts. Values the user passed
-        to the strategy's constructor win over the connector's; a contradiction between them
-        is an error naming both.
+        to the strategy's constructor win over the connector's. The accelerator, precision and
+        checkpoint IO are merged here; where the strategy runs (devices, nodes, environment) is
+        merged by :meth:`configure_placement`; then :meth:`complete_configuration` checks the
+        result. Override those two hooks rather than this method.
+        """
+        self._accelerator = self._accelerator or accelerator
+        self._precision = self._precision or precision
+        self._checkpoint_io = self._checkpoint_io or checkpoint_io
+        self.configure_placement(devices=devices, num_nodes=num_nodes, cluster_environment=cluster_environment)
+        self.complete_configuration()
+
+    def configure_placement(
+        self, *, devices: list[torch.device], num_nodes: int, cluster_environment: ClusterEnvironment
+    ) -> None:
+        """Take the devices, node count and cluster environment the connector resolved, where the
+        constructor gave none; a count this strategy cannot run on is a ``ValueError`` naming it.
+
+        A strategy that decides its placement without them (one that reads its own device) need not
+        override this.
+        """
+
+    def complete_configuration(self) -> None:
+        """Finish and check the strategy's own settings once :meth:`configure` merged the connector's values.
+
+        :attr:`accelerator`, :attr:`precision` and the placement are final here. Raise
+        ``ValueError`` on what cannot work (a contradiction names both values); this still
+        runs in the calling process, before launch.
         """
 
     @property

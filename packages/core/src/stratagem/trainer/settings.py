@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Literal
 
@@ -29,6 +30,11 @@ class TrainerSettings:
     use_distributed_sampler: bool
 
 
+SETTING_NAMES = frozenset(field.name for field in fields(TrainerSettings))
+"""The Trainer's loop options: the keyword arguments of ``Trainer.__init__`` that :func:`parse_settings` checks."""
+
+LIMIT_NAMES = ("limit_train_batches", "limit_val_batches", "limit_test_batches", "limit_predict_batches")
+
 DEFAULT_MAX_EPOCHS = 1000
 """Used when neither ``max_epochs`` nor ``max_steps`` is given, as users of this kind of library expect."""
 
@@ -36,27 +42,21 @@ MAX_SEED = 2**63 - 1
 """The largest ``seed``: torch's generators take 64-bit seeds, and the distributed sampler adds the epoch to it."""
 
 
-def parse_settings(
-    *,
-    max_epochs: Any,
-    max_steps: Any,
-    limit_train_batches: Any,
-    limit_val_batches: Any,
-    limit_test_batches: Any,
-    limit_predict_batches: Any,
-    val_check_interval: Any,
-    check_val_every_n_epoch: Any,
-    num_sanity_val_steps: Any,
-    accumulate_grad_batches: Any,
-    gradient_clip_val: Any,
-    gradient_clip_algorithm: Any,
-    default_root_dir: Any,
-    log_every_n_steps: Any,
-    deterministic: Any,
-    seed: Any,
-    use_distributed_sampler: Any,
-) -> TrainerSettings:
-    """Validate every loop option; raise ``ValueError``/``TypeError`` naming the option, the value and what fits."""
+def parse_settings(options: Mapping[str, Any]) -> TrainerSettings:
+    """Validate every loop option; raise ``ValueError``/``TypeError`` naming the option, the value and what fits.
+
+    ``options`` maps each of :data:`SETTING_NAMES` to the value the Trainer was given (its defaults included).
+    """
+    missing, extra = SETTING_NAMES - set(options), set(options) - SETTING_NAMES
+    if missing or extra:
+        raise TypeError(f"parse_settings() needs exactly the Trainer's loop options; missing {missing}, extra {extra}.")
+    max_epochs, max_steps = options["max_epochs"], options["max_steps"]
+    val_check_interval = options["val_check_interval"]
+    check_val_every_n_epoch = options["check_val_every_n_epoch"]
+    gradient_clip_val, gradient_clip_algorithm = options["gradient_clip_val"], options["gradient_clip_algorithm"]
+    default_root_dir = options["default_root_dir"]
+    deterministic, seed = options["deterministic"], options["seed"]
+    use_distributed_sampler = options["use_distributed_sampler"]
     _int(max_steps, "max_steps", minimum=-1, accepted="-1 (no limit) or a positive int")
     if max_steps == 0:
         raise ValueError("max_steps=0 is not valid; expected -1 (no limit) or a positive int.")
@@ -64,15 +64,8 @@ def parse_settings(
         max_epochs = DEFAULT_MAX_EPOCHS if max_steps == -1 else -1
     else:
         _int(max_epochs, "max_epochs", minimum=-1, accepted="None, -1 (no limit) or an int >= 0")
-    limits = {
-        name: _limit(value, name)
-        for name, value in (
-            ("limit_train_batches", limit_train_batches),
-            ("limit_val_batches", limit_val_batches),
-            ("limit_test_batches", limit_test_batches),
-            ("limit_predict_batches", limit_predict_batches),
-        )
-    }
+    for name in LIMIT_NAMES:
+        _limit(options[name], name)
     if isinstance(val_check_interval, bool) or not isinstance(val_check_interval, int | float):
         raise TypeError(
             f"val_check_interval={val_check_interval!r} is not valid; expected a fraction of an epoch in (0, 1] "
@@ -92,8 +85,13 @@ def parse_settings(
             f"check_val_every_n_epoch=None needs val_check_interval as a number of batches (an int), "
             f"got {val_check_interval!r}."
         )
-    _int(num_sanity_val_steps, "num_sanity_val_steps", minimum=-1, accepted="-1 (all batches), 0 (off) or more")
-    _int(accumulate_grad_batches, "accumulate_grad_batches", minimum=1, accepted="a positive int")
+    _int(
+        options["num_sanity_val_steps"],
+        "num_sanity_val_steps",
+        minimum=-1,
+        accepted="-1 (all batches), 0 (off) or more",
+    )
+    _int(options["accumulate_grad_batches"], "accumulate_grad_batches", minimum=1, accepted="a positive int")
     if gradient_clip_val is not None:
         if isinstance(gradient_clip_val, bool) or not isinstance(gradient_clip_val, int | float):
             raise TypeError(f"gradient_clip_val={gradient_clip_val!r} is not valid; expected None or a number >= 0.")
@@ -110,7 +108,7 @@ def parse_settings(
         check_writable_directory(Path(default_root_dir), "default_root_dir")
     else:
         raise TypeError(f"default_root_dir={default_root_dir!r} is not valid; expected a path (str or Path) or None.")
-    _int(log_every_n_steps, "log_every_n_steps", minimum=1, accepted="a positive int")
+    _int(options["log_every_n_steps"], "log_every_n_steps", minimum=1, accepted="a positive int")
     if not isinstance(deterministic, bool):
         raise TypeError(f"deterministic={deterministic!r} is not valid; expected True or False.")
     if seed is not None:
@@ -118,23 +116,12 @@ def parse_settings(
     if not isinstance(use_distributed_sampler, bool):
         raise TypeError(f"use_distributed_sampler={use_distributed_sampler!r} is not valid; expected True or False.")
     return TrainerSettings(
-        max_epochs=max_epochs,
-        max_steps=max_steps,
-        limit_train_batches=limits["limit_train_batches"],
-        limit_val_batches=limits["limit_val_batches"],
-        limit_test_batches=limits["limit_test_batches"],
-        limit_predict_batches=limits["limit_predict_batches"],
-        val_check_interval=val_check_interval,
-        check_val_every_n_epoch=check_val_every_n_epoch,
-        num_sanity_val_steps=num_sanity_val_steps,
-        accumulate_grad_batches=accumulate_grad_batches,
-        gradient_clip_val=gradient_clip_val,
-        gradient_clip_algorithm=gradient_clip_algorithm,
-        default_root_dir=Path(default_root_dir),
-        log_every_n_steps=log_every_n_steps,
-        deterministic=deterministic,
-        seed=seed,
-        use_distributed_sampler=use_distributed_sampler,
+        **{
+            **options,
+            "max_epochs": max_epochs,
+            "gradient_clip_val": gradient_clip_val,
+            "default_root_dir": Path(default_root_dir),
+        }
     )
 
 

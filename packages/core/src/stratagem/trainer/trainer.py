@@ -32,7 +32,7 @@ from stratagem.trainer.predict_loop import run_prediction
 from stratagem.trainer.progress import FitProgress, Throughput
 from stratagem.trainer.rng import seed_everything
 from stratagem.trainer.run_context import RunContext
-from stratagem.trainer.settings import parse_settings
+from stratagem.trainer.settings import SETTING_NAMES, parse_settings
 from stratagem.trainer.worker_output import WorkerOutput
 
 LoggerArgument = bool | str | Logger | Iterable[str | Logger] | None
@@ -92,25 +92,9 @@ class Trainer:
         seed: int | None = None,
         use_distributed_sampler: bool = True,
     ) -> None:
-        self.settings = parse_settings(
-            max_epochs=max_epochs,
-            max_steps=max_steps,
-            limit_train_batches=limit_train_batches,
-            limit_val_batches=limit_val_batches,
-            limit_test_batches=limit_test_batches,
-            limit_predict_batches=limit_predict_batches,
-            val_check_interval=val_check_interval,
-            check_val_every_n_epoch=check_val_every_n_epoch,
-            num_sanity_val_steps=num_sanity_val_steps,
-            accumulate_grad_batches=accumulate_grad_batches,
-            gradient_clip_val=gradient_clip_val,
-            gradient_clip_algorithm=gradient_clip_algorithm,
-            default_root_dir=default_root_dir,
-            log_every_n_steps=log_every_n_steps,
-            deterministic=deterministic,
-            seed=seed,
-            use_distributed_sampler=use_distributed_sampler,
-        )
+        # The loop options are the parameters named like TrainerSettings' fields; parse_settings checks them all.
+        arguments = locals()
+        self.settings = parse_settings({name: arguments[name] for name in SETTING_NAMES})
         self.callbacks = _arrange_callbacks(callbacks, enable_progress_bar, enable_checkpointing)
         self.loggers = _make_loggers(logger, self.settings.default_root_dir)
         self.strategy = resolve(

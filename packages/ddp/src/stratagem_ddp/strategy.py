@@ -5,20 +5,14 @@ from __future__ import annotations
 import contextlib
 import gc
 from collections.abc import Callable
-from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.optim import Optimizer
 
-from stratagem.accelerators import Accelerator
-from stratagem.checkpoint_io import CheckpointIO
-from stratagem.environments.cluster_environment import ClusterEnvironment
-from stratagem.precision import Precision
-from stratagem.strategies import BackwardSyncControl, LoopSettings, ParallelStrategy
-from stratagem.strategies.parallel import DEFAULT_TIMEOUT
+from stratagem.strategies import BackwardSyncControl, LoopSettings, ParallelOptions, ParallelStrategy
 from stratagem_ddp.comm_hooks import (
     CommHook,
     build_comm_state,
@@ -27,6 +21,9 @@ from stratagem_ddp.comm_hooks import (
     create_model_averager,
     register_comm_hook,
 )
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 
 class DDPStrategy(ParallelStrategy, BackwardSyncControl):
@@ -51,14 +48,7 @@ class DDPStrategy(ParallelStrategy, BackwardSyncControl):
 
     def __init__(
         self,
-        accelerator: Accelerator | None = None,
-        precision: Precision | None = None,
-        checkpoint_io: CheckpointIO | None = None,
-        parallel_devices: list[torch.device] | None = None,
-        cluster_environment: ClusterEnvironment | None = None,
-        process_group_backend: str | None = None,
-        timeout: timedelta | float = DEFAULT_TIMEOUT,
-        start_method: str = "popen",
+        *,
         find_unused_parameters: bool = False,
         static_graph: bool = False,
         gradient_as_bucket_view: bool = False,
@@ -67,17 +57,9 @@ class DDPStrategy(ParallelStrategy, BackwardSyncControl):
         ddp_comm_hook: CommHook | None = None,
         ddp_comm_wrapper: Callable[[CommHook], CommHook] | None = None,
         model_averaging_period: int | None = None,
+        **parallel_options: Unpack[ParallelOptions],
     ) -> None:
-        super().__init__(
-            accelerator=accelerator,
-            precision=precision,
-            checkpoint_io=checkpoint_io,
-            parallel_devices=parallel_devices,
-            cluster_environment=cluster_environment,
-            process_group_backend=process_group_backend,
-            timeout=timeout,
-            start_method=start_method,
-        )
+        super().__init__(**parallel_options)
         for option, value in (
             ("find_unused_parameters", find_unused_parameters),
             ("static_graph", static_graph),
