@@ -30,9 +30,10 @@ from torch.optim.lr_scheduler import ReduceLROnPlateau
 
 from stratagem.accelerators import Accelerator
 from stratagem.checkpoint_io import CheckpointIO, PathLike
+from stratagem.environments import ClusterEnvironment
 from stratagem.precision import Precision
 from stratagem.strategies import LoopSettings, SingleDeviceStrategy
-from stratagem_hivemind.options import SwarmOptions, swarm_options
+from stratagem_hivemind.options import INITIAL_PEERS_VARIABLE, SwarmOptions, swarm_options
 from stratagem_hivemind.swarm import Swarm
 
 logger = logging.getLogger(__name__)
@@ -88,6 +89,19 @@ class HivemindStrategy(SingleDeviceStrategy):
         super().__init__(device=device, accelerator=accelerator, precision=precision, checkpoint_io=checkpoint_io)
         self.swarm: Swarm | None = None
         self._optimizer: Optimizer | None = None
+
+    def configure_placement(
+        self, *, devices: list[torch.device], num_nodes: int, cluster_environment: ClusterEnvironment
+    ) -> None:
+        asked = len(devices) * num_nodes
+        if asked != 1:
+            raise ValueError(
+                f"strategy='hivemind' runs one peer per process on one device, but devices={len(devices)} and "
+                f"num_nodes={num_nodes} ask for {asked}. Start each peer as a process of its own with devices=1; "
+                f"the others join the first with initial_peers (or {INITIAL_PEERS_VARIABLE}) set to the address "
+                "it prints."
+            )
+        super().configure_placement(devices=devices, num_nodes=num_nodes, cluster_environment=cluster_environment)
 
     @property
     def batch_size_per_step(self) -> int | None:

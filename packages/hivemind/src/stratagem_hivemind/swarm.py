@@ -142,7 +142,11 @@ class Swarm:
         """Continue from a checkpoint's collaborative epoch."""
         state = self.torch_optimizer.state_dict()
         self.optimizer.load_state_dict({**state, "state": {**state["state"], "local_epoch": epoch}})
-        self.optimizer.tracker.report_local_progress(self.epoch, 0)
+        # The tracker learns the epoch as hivemind's own step tells it, so that it counts this epoch's samples
+        # at once instead of waiting for a report from peers (a lone resumed peer would wait for ever).
+        tracker = self.optimizer.tracker
+        with tracker.pause_updates():
+            tracker.update_epoch(epoch)
 
     def adopt_parameters(self) -> None:
         """After the user's parameters were loaded from a checkpoint: give hivemind's copy the same values."""
