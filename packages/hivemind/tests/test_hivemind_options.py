@@ -104,3 +104,10 @@ def test_importing_the_package_imports_neither_hivemind_nor_the_strategy():
         "print(sorted(m for m in ('hivemind', 'torch', 'stratagem_hivemind.strategy') if m in sys.modules))"
     )
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout == "[]\n"
+
+
+def test_a_precision_with_torchs_gradient_scaler_is_refused_when_the_trainer_is_built():
+    import stratagem
+
+    with pytest.raises(ValueError, match=r"precision='16-mixed' scales gradients with torch's GradScaler"):
+        stratagem.resolve(strategy="hivemind", accelerator="cpu", devices=1, precision="16-mixed")

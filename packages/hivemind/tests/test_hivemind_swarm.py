@@ -60,9 +60,10 @@ def test_two_peers_train_one_model_and_its_checkpoint_loads_into_single_device(t
 def test_a_peer_that_joins_late_downloads_the_swarms_state(tmp_path):
     first = Peer(tmp_path / "first", {"min_peers": 2}, steps=16, data_seed=1, step_delay=STEP_DELAY)
     address = first.join_address()
-    second = Peer(tmp_path / "second", {"initial_peers": address}, steps=16, data_seed=2, step_delay=STEP_DELAY)
+    joining = {"min_peers": 2, "initial_peers": address}
+    second = Peer(tmp_path / "second", joining, steps=16, data_seed=2, step_delay=STEP_DELAY)
     wait_for(lambda: first.progress().get("epoch", 0) >= 2, 240, "the first two peers to reach epoch 2")
-    late = Peer(tmp_path / "late", {"initial_peers": address}, steps=4, data_seed=3, step_delay=STEP_DELAY)
+    late = Peer(tmp_path / "late", joining, steps=4, data_seed=3, step_delay=STEP_DELAY)
     joined = late.finish()
     first.finish()
     second.finish()

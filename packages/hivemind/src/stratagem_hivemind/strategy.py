@@ -103,6 +103,14 @@ class HivemindStrategy(SingleDeviceStrategy):
             )
         super().configure_placement(devices=devices, num_nodes=num_nodes, cluster_environment=cluster_environment)
 
+    def complete_configuration(self) -> None:
+        super().complete_configuration()
+        if getattr(self.precision, "scaler", None) is not None:
+            raise ValueError(
+                f"precision={self.precision.name!r} scales gradients with torch's GradScaler, whose step hivemind's "
+                "optimizer does not take; use '32-true' or 'bf16-mixed' with strategy 'hivemind'."
+            )
+
     @property
     def batch_size_per_step(self) -> int | None:
         """Samples behind one local optimizer step: the option, else the training loader's batch size times
@@ -128,11 +136,6 @@ class HivemindStrategy(SingleDeviceStrategy):
         optimizers = super().setup_optimizers(optimizers)
         if not optimizers:
             raise ValueError("HivemindStrategy needs the optimizer configure_optimizers returns; it returned none.")
-        if getattr(self.precision, "scaler", None) is not None:
-            raise ValueError(
-                f"precision={self.precision.name!r} scales gradients with torch's GradScaler, whose step hivemind's "
-                "optimizer does not take; use '32-true' or 'bf16-mixed' with strategy 'hivemind'."
-            )
         self._optimizer = optimizers[0]
         return optimizers
 

@@ -104,22 +104,15 @@ class Swarm:
         """Return once ``min_peers`` peers (this one included) wait here or train; ``TimeoutError`` after ``timeout``.
 
         hivemind's own count of peers includes only peers that have accumulated samples: peers that wait for each
-        other before their first step would never see each other there. A waiting peer therefore announces itself
-        in the DHT under a key of this run, and counts those announcements as well as the peers that train.
+        other before their first step would never see each other there. Every joining peer therefore announces
+        itself in the DHT under a key of this run (renewed while it waits), and a waiting peer counts those
+        announcements as well as the peers that train.
         """
-        from hivemind.utils import get_dht_time
-
-        if min_peers <= 1:
-            return
-        logger.warning("hivemind: waiting until run %r has %d peers", self.options.run_id, min_peers)
-        key, me = f"{self.options.run_id}_stratagem_peers", self.dht.peer_id.to_base58()
         deadline = time.monotonic() + timeout
-        present = 0
+        if min_peers > 1:
+            logger.warning("hivemind: waiting until run %r has %d peers", self.options.run_id, min_peers)
         while True:
-            self.dht.store(key, True, get_dht_time() + ANNOUNCEMENT_SECONDS, subkey=me)
-            found = self.dht.get(key, latest=True)
-            announced = len(found.value) if found is not None and isinstance(found.value, dict) else 0
-            present = max(announced, self.peers)
+            present = max(self._announce(), self.peers)
             if present >= min_peers:
                 return
             if time.monotonic() > deadline:
@@ -129,6 +122,15 @@ class Swarm:
                     f"{','.join(self.addresses)}, or lower min_peers."
                 )
             time.sleep(POLL_SECONDS)
+
+    def _announce(self) -> int:
+        """Say in the DHT that this peer is here; return how many peers said so."""
+        from hivemind.utils import get_dht_time
+
+        key = f"{self.options.run_id}_stratagem_peers"
+        self.dht.store(key, True, get_dht_time() + ANNOUNCEMENT_SECONDS, subkey=self.dht.peer_id.to_base58())
+        found = self.dht.get(key, latest=True)
+        return len(found.value) if found is not None and isinstance(found.value, dict) else 0
 
     def download_state(self) -> None:
         """Replace this peer's parameters, optimizer state, scheduler and epoch with the swarm's newest."""
