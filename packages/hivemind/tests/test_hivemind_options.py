@@ -66,7 +66,17 @@ def test_the_target_batch_size_defaults_to_one_step_of_every_expected_peer():
         ({"host_maddrs": [1]}, TypeError, r"host_maddrs=\[1\]\) is not valid; expected a multiaddr string"),
         ({"delay_grad_averaging": True}, ValueError, r"delay_grad_averaging=True\) needs delay_optimizer_step=True"),
         (
-            {"use_local_updates": True, "delay_optimizer_step": True, "delay_grad_averaging": True},
+            {"delay_optimizer_step": True},
+            ValueError,
+            r"delay_optimizer_step=True\) needs delay_state_averaging=True",
+        ),
+        (
+            {
+                "use_local_updates": True,
+                "delay_state_averaging": True,
+                "delay_optimizer_step": True,
+                "delay_grad_averaging": True,
+            },
             ValueError,
             r"use_local_updates=True\) averages parameters, not gradients",
         ),

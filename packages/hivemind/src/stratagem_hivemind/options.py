@@ -102,6 +102,11 @@ def swarm_options(
             "HivemindStrategy(delay_grad_averaging=True) needs delay_optimizer_step=True: hivemind averages gradients "
             "in the background only for an optimizer step that also runs there."
         )
+    if delay_optimizer_step and not delay_state_averaging:
+        raise ValueError(
+            "HivemindStrategy(delay_optimizer_step=True) needs delay_state_averaging=True: hivemind averages the "
+            "parameters in the background when the optimizer steps there."
+        )
     if use_local_updates and delay_grad_averaging:
         raise ValueError(
             "HivemindStrategy(use_local_updates=True) averages parameters, not gradients: delay_grad_averaging=True "

@@ -178,6 +178,7 @@ class HivemindStrategy(SingleDeviceStrategy):
 
     def save_checkpoint(self, path: PathLike, state: dict[str, Any]) -> None:
         if self.swarm is not None:
+            self.swarm.settle()
             state = {**state, SWARM_STATE_KEY: {"epoch": self.swarm.epoch, "run_id": self.options.run_id}}
             if "optimizers" in state:
                 state["optimizers"] = [self.swarm.torch_optimizer]

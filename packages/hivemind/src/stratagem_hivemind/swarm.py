@@ -140,6 +140,12 @@ class Swarm:
         """One local optimizer step: accumulate this step's gradients, and step with the swarm at an epoch's end."""
         return self.optimizer.step(batch_size=self.batch_size_per_step)
 
+    def settle(self) -> None:
+        """Finish and apply an optimizer step running in the background (delayed updates), so that the
+        parameters and optimizer state are the ones it leads to."""
+        if self.options.delays_updates:
+            self.optimizer.state_averager.step(wait_for_delayed_updates=True)
+
     def set_epoch(self, epoch: int) -> None:
         """Continue from a checkpoint's collaborative epoch."""
         state = self.torch_optimizer.state_dict()
