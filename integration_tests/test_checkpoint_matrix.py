@@ -43,22 +43,6 @@ PRECISION_SOURCES = [
 SOURCES = [(case, "32-true") for case in RUNNABLE] + PRECISION_SOURCES
 
 
-# Known open gap (issue 13's note): NVMe offload's fit -> test -> predict in the shared pair of ranks did
-# not finish in CI; its own package test (test_deepspeed_nvme.py) trains it. Not run here, so that it
-# costs no timeouts, and reported as xfail with this reason instead of passing silently.
-_NVME_GAP = pytest.mark.xfail(run=False, reason="NVMe offload in the shared worker pool does not finish (open)")
-
-
-def _is_nvme(case: StrategyCase) -> bool:
-    return "nvme" in case.configuration[1]
-
-
-def _marked(values, case_of):
-    return [
-        pytest.param(*value, marks=_NVME_GAP) if _is_nvme(case_of(value)) else pytest.param(*value) for value in values
-    ]
-
-
 def _source_id(source: tuple[StrategyCase, str]) -> str:
     return f"{source[0].name}@{source[1]}"
 
@@ -131,9 +115,7 @@ def _fit_outcome(runs, source) -> dict:
     return outcome
 
 
-@pytest.mark.parametrize(
-    "source", [pytest.param(s, marks=_NVME_GAP) if _is_nvme(s[0]) else s for s in SOURCES], ids=_source_id
-)
+@pytest.mark.parametrize("source", SOURCES, ids=_source_id)
 def test_fit_then_validate_test_predict_in_sequence(runs, source):
     case = source[0]
     outcome = _fit_outcome(runs, source)
@@ -146,9 +128,7 @@ def test_fit_then_validate_test_predict_in_sequence(runs, source):
     assert outcome["predicted_batches"] == per_rank
 
 
-@pytest.mark.parametrize(
-    "source", [pytest.param(s, marks=_NVME_GAP) if _is_nvme(s[0]) else s for s in SOURCES], ids=_source_id
-)
+@pytest.mark.parametrize("source", SOURCES, ids=_source_id)
 def test_checkpoint_validates_under_single_device_like_the_run_that_saved_it(runs, source):
     outcome = _fit_outcome(runs, source)
     reloaded = runs.reference(_source_id(source), outcome["checkpoint"])
@@ -166,17 +146,11 @@ def _targets() -> list[tuple[StrategyCase, int]]:
 def _sources_for(target: StrategyCase, devices: int):
     """The fp32 checkpoint of each configuration (names sharing one save alike); other precisions are
     compared under single_device above."""
-    return [
-        source
-        for source in SOURCES
-        if source[1] == "32-true" and source[0] in CONFIGURATIONS and not _is_nvme(source[0])
-    ]
+    return [source for source in SOURCES if source[1] == "32-true" and source[0] in CONFIGURATIONS]
 
 
 @pytest.mark.parametrize(
-    ("target", "devices"),
-    _marked(_targets(), lambda value: value[0]),
-    ids=lambda value: value.name if isinstance(value, StrategyCase) else str(value),
+    ("target", "devices"), _targets(), ids=lambda value: value.name if isinstance(value, StrategyCase) else str(value)
 )
 def test_every_checkpoint_validates_alike_under(pools, runs, tmp_path_factory, target, devices):
     checkpoints = runs.checkpoints(_sources_for(target, devices))

@@ -18,6 +18,9 @@ from stratagem.trainer.accumulation import EngineAccumulation, TrainerAccumulati
 CAPABILITY_NAMES = {
     "BackwardSyncControl",
     "OwnsAccumulation",
+    "OwnsTrainingStep",
+    "RebuildsDataLoaders",
+    "rebuild_dataloader",
     "handles_gradient_accumulation",
     "no_backward_sync",
     "set_accumulation_boundary",
@@ -45,7 +48,7 @@ def test_the_fit_loop_never_refers_to_a_capability():
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "isinstance"
         for name in _names_in(node.args[1])
     }
-    assert not isinstance_arguments & {"Strategy", "BackwardSyncControl", "OwnsAccumulation"}
+    assert not isinstance_arguments & {"Strategy", "BackwardSyncControl", "OwnsAccumulation", "OwnsTrainingStep"}
 
 
 def test_abilities_are_looked_at_only_where_the_accumulation_policy_is_chosen():
@@ -54,7 +57,9 @@ def test_abilities_are_looked_at_only_where_the_accumulation_policy_is_chosen():
         if not isinstance(function, ast.FunctionDef) or function.name == "accumulation_policy":
             continue
         assert (
-            _names_in(function) & {"BackwardSyncControl", "OwnsAccumulation", "handles_gradient_accumulation"} == set()
+            _names_in(function)
+            & {"BackwardSyncControl", "OwnsAccumulation", "OwnsTrainingStep", "handles_gradient_accumulation"}
+            == set()
         )
 
 

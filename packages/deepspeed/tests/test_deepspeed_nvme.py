@@ -6,15 +6,20 @@ the one module that compiles it. Without libaio the strategy refuses before laun
 
 from __future__ import annotations
 
+import math
 import warnings
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 from deepspeed_testing import STEPS_NVME, WORKER_ENV, reference_run, set_up, train_steps
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
 
 import stratagem
-from stratagem import registry
+from stratagem import Trainer, registry
+from stratagem.callbacks import ModelCheckpoint
 from stratagem.strategies import LoopSettings
 from stratagem.testing import DistributedWorkers
 
@@ -57,3 +62,171 @@ def test_without_a_usable_libaio_nvme_offload_is_refused_before_launch_naming_li
     strategy = registry.strategies.create("deepspeed_stage_3_offload_nvme", nvme_path=str(tmp_path))
     with pytest.raises(RuntimeError, match=r"libaio.*apt-get install libaio-dev"):
         stratagem.resolve(strategy=strategy, accelerator="cpu", devices=2)
+
+
+# -- one module through every loop, on the Trainer -------------------------------------------------------------
+
+SEQUENCE_STEPS = 3
+SAMPLES = 64
+BATCH_SIZE = 8
+"""Per process; a single process takes batches of 2 * BATCH_SIZE to see the same global batches."""
+
+
+class IndexedRegressionModule(stratagem.Module):
+    """Predicts each sample's outputs beside its index, so that the two ranks' shares can be put back in order."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.layers = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 2))
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        return self.layers(features)
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        features, targets, _ = batch
+        return nn.functional.mse_loss(self(features), targets)
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        features, targets, _ = batch
+        self.log("val_loss", nn.functional.mse_loss(self(features), targets), sync_dist=True)
+
+    def test_step(self, batch: Any, batch_idx: int) -> None:
+        features, targets, _ = batch
+        self.log("test_loss", nn.functional.mse_loss(self(features), targets), sync_dist=True)
+
+    def predict_step(self, batch: Any, batch_idx: int) -> tuple[torch.Tensor, torch.Tensor]:
+        features, _, index = batch
+        return index, self(features)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.Adam(self.parameters(), lr=1e-2)
+
+
+def indexed_loader(seed: int, batch_size: int = BATCH_SIZE) -> DataLoader:
+    generator = torch.Generator().manual_seed(seed)
+    features, targets = torch.randn(SAMPLES, 8, generator=generator), torch.randn(SAMPLES, 2, generator=generator)
+    return DataLoader(TensorDataset(features, targets, torch.arange(SAMPLES)), batch_size=batch_size)
+
+
+def _trainer(strategy: Any, devices: int, root: Path, **options: Any) -> Trainer:
+    return Trainer(
+        strategy=strategy, accelerator="cpu", devices=devices, default_root_dir=root, logger=False,
+        enable_progress_bar=False, num_sanity_val_steps=0, seed=0, **options,
+    )  # fmt: skip
+
+
+def _ordered(predictions: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+    index = torch.cat([batch_index for batch_index, _ in predictions])
+    outputs = torch.cat([batch_outputs for _, batch_outputs in predictions])
+    return outputs[index.argsort()]
+
+
+def _fit_evaluate_predict_then_fit_again(root: str) -> dict[str, Any]:
+    """Under NVMe offload, one module: fit, validate, test, predict with one Trainer, save after fit has
+    returned, fit again with that Trainer and then with a new one. Also checks that every NVMe parameter
+    swapper made on the way has given its page-locked buffers back."""
+    from deepspeed.runtime.swap_tensor.partitioned_param_swapper import AsyncPartitionedParameterSwapper
+
+    swappers: list[Any] = []
+    original_init = AsyncPartitionedParameterSwapper.__init__
+
+    def recording_init(self: Any, *args: Any, **kwargs: Any) -> None:
+        original_init(self, *args, **kwargs)
+        swappers.append(self)
+
+    directory = Path(root)
+    strategy_options = {"nvme_path": str(directory / "nvme")}
+    AsyncPartitionedParameterSwapper.__init__ = recording_init
+    try:
+        checkpoint = ModelCheckpoint(dirpath=directory / "checkpoints", filename="final")
+        trainer = _trainer(
+            registry.strategies.create("deepspeed_stage_3_offload_nvme", **strategy_options), 2, directory,
+            max_steps=SEQUENCE_STEPS, callbacks=[checkpoint],
+        )  # fmt: skip
+        module = IndexedRegressionModule()
+        trainer.fit(module, indexed_loader(0))
+        [validated] = trainer.validate(module, indexed_loader(1))
+        [tested] = trainer.test(module, indexed_loader(2))
+        predictions = trainer.predict(module, indexed_loader(3))
+        try:
+            trainer.save_checkpoint(directory / f"after_fit_rank{trainer.global_rank}.ckpt")
+            save_error = ""
+        except RuntimeError as error:
+            save_error = str(error)
+        after_first_fit = {name: value.clone() for name, value in module.state_dict().items()}
+        trainer.fit(module, indexed_loader(0))
+        again_on_same_trainer = (trainer.global_step, module.state_dict())
+        second = _trainer(
+            registry.strategies.create("deepspeed_stage_3_offload_nvme", **strategy_options), 2, directory / "second",
+            max_steps=SEQUENCE_STEPS, enable_checkpointing=False,
+        )  # fmt: skip
+        second.fit(module, indexed_loader(0))
+    finally:
+        AsyncPartitionedParameterSwapper.__init__ = original_init
+    return {
+        "checkpoint": checkpoint.last_model_path or checkpoint.best_model_path,
+        "losses": (float(validated["val_loss"]), float(tested["test_loss"])),
+        "predictions": predictions,
+        "save_error": save_error,
+        "after_first_fit": after_first_fit,
+        "again_on_same_trainer": again_on_same_trainer,
+        "after_second_fit": (second.global_step, module.state_dict()),
+        "swappers_made": len(swappers),
+        "swappers_holding_buffers": sum(swapper.buffers is not None for swapper in swappers),
+    }
+
+
+@pytest.fixture(scope="module")
+def sequence(tmp_path_factory) -> list[dict[str, Any]]:
+    root = tmp_path_factory.mktemp("sequence")
+    with DistributedWorkers(2, env=WORKER_ENV) as workers:
+        return workers.run(_fit_evaluate_predict_then_fit_again, str(root), timeout=840)
+
+
+def test_fit_validate_test_predict_on_one_module_predicts_like_single_device_from_the_checkpoint(sequence):
+    checkpoint = sequence[0]["checkpoint"]
+    assert checkpoint
+    assert all(rank["checkpoint"] == checkpoint for rank in sequence)
+    assert all(math.isfinite(loss) for rank in sequence for loss in rank["losses"])
+    predicted = _ordered([batch for rank in sequence for batch in rank["predictions"]])
+    reference = _trainer("single_device", 1, Path(checkpoint).parent / "reference").predict(
+        IndexedRegressionModule(), indexed_loader(3), ckpt_path=checkpoint
+    )
+    assert predicted.shape == (SAMPLES, 2)
+    torch.testing.assert_close(predicted, _ordered(reference), atol=1e-6, rtol=0)
+
+
+def test_save_checkpoint_after_fit_returned_is_refused_naming_where_to_save(sequence):
+    for rank in sequence:
+        assert "cannot save_checkpoint" in rank["save_error"]
+        assert "on_train_end" in rank["save_error"]
+    assert not list(Path(sequence[0]["checkpoint"]).parent.parent.glob("after_fit_rank*"))
+
+
+def test_a_second_fit_on_the_same_trainer_at_max_steps_keeps_the_weights(sequence):
+    for rank in sequence:
+        global_step, weights = rank["again_on_same_trainer"]
+        assert global_step == SEQUENCE_STEPS
+        for name, value in rank["after_first_fit"].items():
+            torch.testing.assert_close(weights[name], value, atol=0, rtol=0, msg=name)
+
+
+def test_a_second_fit_of_the_same_module_trains_on_from_its_weights_like_single_device(sequence):
+    module = IndexedRegressionModule()
+    module.load_state_dict(sequence[0]["after_first_fit"])
+    reference = _trainer("single_device", 1, Path(sequence[0]["checkpoint"]).parent / "second-reference", max_steps=3)
+    # One process sees each step's global batch: both ranks' shares of it.
+    reference.fit(module, indexed_loader(0, batch_size=2 * BATCH_SIZE))
+    for rank in sequence:
+        global_step, weights = rank["after_second_fit"]
+        assert global_step == SEQUENCE_STEPS
+        for name, value in module.state_dict().items():
+            torch.testing.assert_close(weights[name], value, atol=1e-5, rtol=0, msg=name)
+        assert not torch.equal(weights["layers.0.weight"], rank["after_first_fit"]["layers.0.weight"])
+
+
+def test_every_nvme_swapper_of_the_runs_gives_its_page_locked_buffers_back(sequence):
+    for rank in sequence:
+        assert rank["swappers_made"] >= 6  # at least one per run: fit, validate, test, predict, fit, fit
+        assert rank["swappers_holding_buffers"] == 0

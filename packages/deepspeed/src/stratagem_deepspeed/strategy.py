@@ -40,6 +40,7 @@ from stratagem_deepspeed.environment import (
     select_deepspeed_accelerator,
 )
 from stratagem_deepspeed.lightning_options import parse_lightning_options, upgrade_boolean_offload
+from stratagem_deepspeed.nvme_swap import release_swap_buffers, swappers_of
 from stratagem_deepspeed.stage_3_release import release_partitioned_parameters
 
 if TYPE_CHECKING:
@@ -139,6 +140,7 @@ class DeepSpeedStrategy(ParallelStrategy, OwnsAccumulation):
         self._config: dict[str, Any] | None = None
         self._engine: DeepSpeedEngine | None = None
         self._parameter_groups: list[list[nn.Parameter]] = []
+        self._nvme_swappers: list[Any] = []
 
     # -- wiring (calling process) -------------------------------------------------------------
 
@@ -257,18 +259,19 @@ class DeepSpeedStrategy(ParallelStrategy, OwnsAccumulation):
             if empty_init:
                 stack.enter_context(skip_parameter_init())
             # Parameters are partitioned across ranks as each submodule is created.
-            stack.enter_context(
-                deepspeed.zero.Init(
-                    config_dict_or_path=self.config,
-                    remote_device=self.remote_device,
-                    enabled=True,
-                )
+            zero_init = deepspeed.zero.Init(
+                config_dict_or_path=self.config, remote_device=self.remote_device, enabled=True
             )
+            if zero_init.param_swapper is not None:
+                self._nvme_swappers.append(zero_init.param_swapper)
+            stack.enter_context(zero_init)
             yield
 
     def setup_module(self, module: nn.Module) -> nn.Module:
         # The engine is built with the optimizer (setup_optimizers); until then the module runs as is.
         self._module = self._model = module
+        # A swapper configure_model put nothing on (the module was built before the run) is freed now, not at the end.
+        self._release_nvme_swappers(released=[])
         return module
 
     def setup_optimizers(self, optimizers: list[Optimizer]) -> list[Optimizer]:
@@ -523,14 +526,32 @@ class DeepSpeedStrategy(ParallelStrategy, OwnsAccumulation):
         return full if self.is_global_zero else {}
 
     def teardown(self) -> None:
+        released: list[nn.Parameter] = []
         if self._engine is not None and self.zero_stage == 3:
+            released = [parameter for parameter in self.module.parameters() if hasattr(parameter, "ds_id")]
             # Whole again for the caller and for the next run in this process (test after fit), whose
             # process group the old partitions do not know.
             release_partitioned_parameters(self.module)
         if self._engine is not None:
             self._engine.destroy()
         self._engine = None
+        self._release_nvme_swappers(released)
         super().teardown()
+
+    def _release_nvme_swappers(self, released: list[nn.Parameter]) -> None:
+        """Free the buffers of every NVMe swapper this run made that no partitioned parameter of the module
+        still uses; ``released`` are the partitioned parameters the module no longer holds."""
+        module = self._module
+        live = (
+            [parameter for parameter in module.parameters() if hasattr(parameter, "ds_id")]
+            if module is not None
+            else []
+        )
+        in_use = {id(swapper) for swapper in swappers_of(live)}
+        for swapper in swappers_of(released) + self._nvme_swappers:
+            if id(swapper) not in in_use:
+                release_swap_buffers(swapper, released)
+        self._nvme_swappers = [swapper for swapper in self._nvme_swappers if id(swapper) in in_use]
 
     def destroy_process_group(self) -> None:
         comm = sys.modules.get("deepspeed.comm")

@@ -1,6 +1,13 @@
 """Strategies: how a run is distributed."""
 
-from stratagem.strategies.capabilities import BackwardSyncControl, OwnsAccumulation
+from stratagem.strategies.capabilities import (
+    BackwardSyncControl,
+    EngineSteps,
+    LoaderStage,
+    OwnsAccumulation,
+    OwnsTrainingStep,
+    RebuildsDataLoaders,
+)
 from stratagem.strategies.init_contexts import skip_parameter_init
 from stratagem.strategies.parallel import ParallelOptions, ParallelStrategy, split_parallel_options
 from stratagem.strategies.single_device import SingleDeviceStrategy
@@ -8,10 +15,14 @@ from stratagem.strategies.strategy import LoopSettings, ReduceOp, Strategy, Stra
 
 __all__ = [
     "BackwardSyncControl",
+    "EngineSteps",
+    "LoaderStage",
     "LoopSettings",
     "OwnsAccumulation",
+    "OwnsTrainingStep",
     "ParallelOptions",
     "ParallelStrategy",
+    "RebuildsDataLoaders",
     "ReduceOp",
     "SingleDeviceStrategy",
     "Strategy",

@@ -11,7 +11,9 @@ from __future__ import annotations
 import contextlib
 import warnings
 from abc import ABC, abstractmethod
-from typing import Any
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any, Literal
 
 
 class BackwardSyncControl(ABC):
@@ -43,6 +45,53 @@ class OwnsAccumulation(ABC):
         """Told before each training micro-batch's forward: whether the step after it ends an
         accumulation window. Windows are cut short at the end of an epoch, which an engine counting
         micro-batches itself cannot know."""
+
+
+@dataclass(frozen=True)
+class EngineSteps:
+    """What one call of an engine that owns the training step did."""
+
+    output: Any
+    """What the Trainer treats as ``training_step``'s output: the loss (a scalar tensor) or a dict with a
+    ``'loss'`` tensor, reduced over the call's micro-batches; the progress bar and callbacks see it."""
+    optimizer_steps: int
+    """How many optimizer steps the call made (each one counts towards ``global_step``)."""
+
+
+class OwnsTrainingStep(ABC):
+    """A strategy whose engine runs whole training steps: forward, backward, optimizer step and
+    gradient accumulation, over several micro-batches per call (a compiled executable, for instance).
+
+    The Trainer then never calls ``backward``, ``optimizer_step``, ``zero_grad`` or ``clip_gradients``:
+    each item of the training data (see :class:`RebuildsDataLoaders`, which such an engine usually
+    needs too) goes to :meth:`run_training_steps`, and ``global_step`` advances by the steps it reports.
+    ``accumulate_grad_batches`` reaches the engine through ``connect_loop_settings``. Learning-rate
+    schedulers step on the host between calls; the strategy hands the changed optimizer to its engine
+    before the next call.
+    """
+
+    @property
+    @abstractmethod
+    def optimizer_steps_per_call(self) -> int:
+        """How many optimizer steps one full call makes (for the step estimate schedulers read)."""
+
+    @abstractmethod
+    def run_training_steps(self, batch: Any, batch_idx: int) -> EngineSteps:
+        """Run the engine on one item of the training data (already through ``batch_to_device``)."""
+
+
+LoaderStage = Literal["fit", "validate", "test", "predict"]
+
+
+class RebuildsDataLoaders(ABC):
+    """A strategy whose engine consumes data in its own form (several micro-batches combined per call,
+    a device-side prefetcher): the Trainer hands it every dataloader of a pass, once, before the pass."""
+
+    @abstractmethod
+    def rebuild_dataloader(self, loader: Iterable[Any], stage: LoaderStage) -> Iterable[Any]:
+        """The loader the pass reads instead of ``loader`` (the user's, already split across ranks where
+        the strategy splits data). ``stage`` is ``"fit"`` for the training data, else the pass's stage
+        (validation during fit is ``"validate"``). Raise ``ValueError`` naming the setting that cannot work."""
 
 
 def adopt_legacy_capabilities(cls: type) -> None:

@@ -9,7 +9,9 @@ A strategy author subclasses :class:`StrategyConformance` in a pytest module::
         devices = 2
 
 and pytest runs every check (:func:`~stratagem.testing.conformance_checks.check_names`): the name
-resolves; ``fit`` trains; collectives give the documented results; every rank holds rank 0's
+resolves; ``fit`` trains; a strategy whose engine owns the training step (``OwnsTrainingStep``) is
+never stepped by the Trainer, and its reported steps make ``global_step``; collectives give the
+documented results; every rank holds rank 0's
 weights right after ``setup_module`` although each rank seeded torch differently before building
 the module, and again after the last step; ``validate`` from a checkpoint reports metrics, and the
 same checkpoint loaded into ``single_device`` validates alike; every checkpoint holds the whole

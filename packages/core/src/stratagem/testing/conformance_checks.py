@@ -29,7 +29,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from stratagem import registry
 from stratagem.callbacks import Callback
 from stratagem.module import Module
-from stratagem.strategies import OwnsAccumulation, Strategy
+from stratagem.strategies import OwnsAccumulation, OwnsTrainingStep, Strategy
 from stratagem.trainer import Trainer
 
 FEATURES = 8
@@ -40,6 +40,10 @@ DEFAULT_RESUME_STEPS = (3, 5)
 REDUCED_PRECISION_REL_TOL = 2e-2
 """How far a precision that is not exact (``Precision.exact = False``) may stray from fp32, relative to
 the largest value compared: bf16 keeps about 3 significant digits."""
+
+
+TRAINER_STEP_METHODS = ("backward", "optimizer_step", "zero_grad", "clip_gradients")
+"""What the Trainer must never call on a strategy whose engine owns the training step."""
 
 
 class CheckSkipped(Exception):
@@ -271,6 +275,7 @@ def run_checks(settings: Settings, workdir: Path) -> dict[str, dict[str, Any]]:
         resolved = trainer().strategy
         state["exact"] = bool(resolved.precision.exact)
         state["handles_accumulation"] = isinstance(resolved, OwnsAccumulation)
+        state["owns_step"] = isinstance(resolved, OwnsTrainingStep)
         return (
             f"{type(resolved).__name__} with launcher {type(resolved.launcher).__name__}; precision "
             f"{resolved.precision.name!r} is {'exact' if state['exact'] else 'not exact (Precision.exact=False)'}"
@@ -293,6 +298,44 @@ def run_checks(settings: Settings, workdir: Path) -> dict[str, dict[str, Any]]:
         if loss is None or not torch.isfinite(torch.as_tensor(loss)).all():
             raise AssertionError(f"callback_metrics lacks a finite train_loss: {run.callback_metrics}")
         return f"global_step={run.global_step}, train_loss={float(loss):.5f}"
+
+    def engine_runs_whole_training_steps() -> str:
+        run = trainer()
+        strategy = run.strategy
+        if not isinstance(strategy, OwnsTrainingStep):
+            raise CheckSkipped("the Trainer runs this strategy's steps (it does not subclass OwnsTrainingStep)")
+        trainer_calls: list[str] = []
+        engine_calls: list[int] = []
+        for name in TRAINER_STEP_METHODS:
+            setattr(strategy, name, _recording(getattr(strategy, name), name, trainer_calls))
+        run_engine = strategy.run_training_steps
+
+        def counted(batch: Any, batch_idx: int) -> Any:
+            result = run_engine(batch, batch_idx)
+            engine_calls.append(result.optimizer_steps)
+            return result
+
+        strategy.run_training_steps = counted  # type: ignore[method-assign]
+        run.fit(ConformanceModule(), loader(BATCH_PER_RANK))
+        if trainer_calls:
+            raise AssertionError(
+                f"the Trainer called {sorted(set(trainer_calls))} on a strategy whose engine owns the training step"
+            )
+        per_call = strategy.optimizer_steps_per_call
+        if sum(engine_calls) != run.global_step or any(not 0 < made <= per_call for made in engine_calls):
+            raise AssertionError(
+                f"the engine's calls reported {engine_calls} optimizer steps (at most optimizer_steps_per_call="
+                f"{per_call} each), but global_step is {run.global_step}"
+            )
+        if run.global_step != steps:
+            raise AssertionError(f"global_step is {run.global_step} after max_steps={steps}")
+        loss = run.callback_metrics.get("train_loss")
+        if loss is None or not torch.isfinite(torch.as_tensor(loss)).all():
+            raise AssertionError(f"train_loss logged inside the engine's step did not arrive: {run.callback_metrics}")
+        return (
+            f"{len(engine_calls)} engine calls made {run.global_step} optimizer steps; the Trainer called none of "
+            f"{', '.join(TRAINER_STEP_METHODS)}; train_loss={float(loss):.5f}"
+        )
 
     def ranks_agree_after_setup() -> str:
         observed = state["fit"].records["setup"]
@@ -400,12 +443,15 @@ def run_checks(settings: Settings, workdir: Path) -> dict[str, dict[str, Any]]:
                 f"with twice the global batch by {worst:.3g} (tolerance {settings.tolerance:g})"
             )
         who = "the strategy" if state["handles_accumulation"] else "the Trainer (no_backward_sync)"
+        if state["owns_step"]:
+            who = "the strategy's engine, which owns the whole step"
         return f"accumulated by {who}: largest difference {worst:.3g} (tolerance {settings.tolerance:g})"
 
     check("resolves", resolves)
     if passed("resolves"):
         check("fit_trains_and_returns_weights", fit_trains_and_returns_weights)
     if passed("fit_trains_and_returns_weights"):
+        check("engine_runs_whole_training_steps", engine_runs_whole_training_steps)
         check("ranks_agree_after_setup", ranks_agree_after_setup)
         check("ranks_agree_after_fit", ranks_agree_after_fit)
         check("validate_reports_metrics", validate_reports_metrics)
@@ -427,6 +473,7 @@ def check_names(resume_steps: Sequence[int]) -> tuple[str, ...]:
     return (
         "resolves",
         "fit_trains_and_returns_weights",
+        "engine_runs_whole_training_steps",
         "ranks_agree_after_setup",
         "ranks_agree_after_fit",
         "validate_reports_metrics",
@@ -449,6 +496,14 @@ def _built_on_single_device(precision: str) -> dict[str, torch.Tensor]:
     with strategy.module_init_context(empty_init=None):
         module.configure_model()
     return flat_weights(strategy.setup_module(module))
+
+
+def _recording(method: Callable[..., Any], name: str, calls: list[str]) -> Callable[..., Any]:
+    def recorded(*args: Any, **kwargs: Any) -> Any:
+        calls.append(name)
+        return method(*args, **kwargs)
+
+    return recorded
 
 
 def _replicated_tensors(module: nn.Module) -> dict[str, torch.Tensor]:

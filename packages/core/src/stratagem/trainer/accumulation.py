@@ -1,25 +1,57 @@
-"""Who accumulates gradients over micro-batches: the Trainer, or the strategy's engine.
+"""Who runs a training step and accumulates gradients: the Trainer, or the strategy's engine.
 
 Chosen once per fit by :func:`accumulation_policy`, from the strategy's abilities
-(:mod:`stratagem.strategies.capabilities`); the fit loop then calls the policy on every micro-batch
-without asking the strategy what it can do.
+(:mod:`stratagem.strategies.capabilities`); the fit loop then hands every item of the training data
+to the policy without asking the strategy what it can do.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch.optim import Optimizer
 
-from stratagem.strategies import BackwardSyncControl, OwnsAccumulation, Strategy
+from stratagem.strategies import BackwardSyncControl, EngineSteps, OwnsAccumulation, OwnsTrainingStep, Strategy
+
+
+class TrainingLoopSteps(Protocol):
+    """What the fit loop offers a policy to build one item of training data out of."""
+
+    def forward_backward(
+        self, batch: Any, batch_idx: int, scale_loss: Callable[[torch.Tensor], torch.Tensor]
+    ) -> tuple[Any, bool]:
+        """``training_step`` and backward on its (scaled) loss; whether backward ran."""
+
+    def step_optimizers(self) -> None:
+        """Clip, step and zero the optimizers if the window has gradients, and count the step."""
+
+    def record_engine_steps(self, output: Any, optimizer_steps: int) -> None:
+        """Take an engine call's reduced output and count the optimizer steps it made."""
 
 
 class AccumulationPolicy(ABC):
-    """What the fit loop does around one training micro-batch besides forward and backward."""
+    """What the fit loop does with one item of the training data."""
+
+    @abstractmethod
+    def run_batch(self, batch: Any, batch_idx: int, is_boundary: bool, loop: TrainingLoopSteps) -> Any:
+        """Train on ``batch`` (``is_boundary`` when the Trainer's accumulation window ends with it); return
+        what callbacks receive as the step's output."""
+
+    @abstractmethod
+    def optimizer_steps(self, num_batches: int) -> int:
+        """How many optimizer steps an epoch of ``num_batches`` items makes."""
+
+
+class MicroBatchAccumulation(AccumulationPolicy):
+    """The Trainer runs forward and backward per micro-batch and steps on the window's last one."""
+
+    def __init__(self, accumulate: int) -> None:
+        self.accumulate = accumulate
 
     @abstractmethod
     def micro_batch(self, is_boundary: bool) -> contextlib.AbstractContextManager[Any]:
@@ -33,13 +65,25 @@ class AccumulationPolicy(ABC):
     def between_steps(self) -> None:
         """After the backward of a micro-batch that is not the last of its window."""
 
+    def run_batch(self, batch: Any, batch_idx: int, is_boundary: bool, loop: TrainingLoopSteps) -> Any:
+        with self.micro_batch(is_boundary):
+            output, ran_backward = loop.forward_backward(batch, batch_idx, self.scale_loss)
+        if is_boundary:
+            loop.step_optimizers()
+        elif ran_backward:
+            self.between_steps()
+        return output
 
-class TrainerAccumulation(AccumulationPolicy):
+    def optimizer_steps(self, num_batches: int) -> int:
+        return math.ceil(num_batches / self.accumulate)
+
+
+class TrainerAccumulation(MicroBatchAccumulation):
     """The Trainer sums gradients: each loss divided by the window's length, gradient sync skipped
     until the last micro-batch where the strategy can skip it, the optimizers stepped on the boundary."""
 
     def __init__(self, accumulate: int, skip_sync: Callable[[bool], contextlib.AbstractContextManager[Any]]) -> None:
-        self.accumulate = accumulate
+        super().__init__(accumulate)
         self._skip_sync = skip_sync
 
     def micro_batch(self, is_boundary: bool) -> contextlib.AbstractContextManager[Any]:
@@ -52,12 +96,17 @@ class TrainerAccumulation(AccumulationPolicy):
         pass
 
 
-class EngineAccumulation(AccumulationPolicy):
+class EngineAccumulation(MicroBatchAccumulation):
     """The strategy's engine sums gradients and steps itself: told every boundary, stepped every micro-batch."""
 
     def __init__(
-        self, strategy: Strategy, set_boundary: Callable[[bool], None], optimizers: Sequence[Optimizer]
+        self,
+        strategy: Strategy,
+        set_boundary: Callable[[bool], None],
+        optimizers: Sequence[Optimizer],
+        accumulate: int = 1,
     ) -> None:
+        super().__init__(accumulate)
         self.strategy = strategy
         self._set_boundary = set_boundary
         self.optimizers = list(optimizers)
@@ -74,10 +123,29 @@ class EngineAccumulation(AccumulationPolicy):
             self.strategy.optimizer_step(optimizer)
 
 
+class EngineTrainingSteps(AccumulationPolicy):
+    """The strategy's engine runs whole steps (forward, backward, optimizer step, accumulation) per call;
+    the Trainer only counts the steps it reports."""
+
+    def __init__(self, run_training_steps: Callable[[Any, int], EngineSteps], steps_per_call: int) -> None:
+        self._run_training_steps = run_training_steps
+        self.steps_per_call = steps_per_call
+
+    def run_batch(self, batch: Any, batch_idx: int, is_boundary: bool, loop: TrainingLoopSteps) -> Any:
+        steps = self._run_training_steps(batch, batch_idx)
+        loop.record_engine_steps(steps.output, steps.optimizer_steps)
+        return steps.output
+
+    def optimizer_steps(self, num_batches: int) -> int:
+        return num_batches * self.steps_per_call
+
+
 def accumulation_policy(strategy: Strategy, accumulate: int, optimizers: Sequence[Optimizer]) -> AccumulationPolicy:
-    """The one place a strategy's accumulation abilities are looked at."""
+    """The one place a strategy's training-step abilities are looked at."""
+    if isinstance(strategy, OwnsTrainingStep):
+        return EngineTrainingSteps(strategy.run_training_steps, strategy.optimizer_steps_per_call)
     if isinstance(strategy, OwnsAccumulation):
-        return EngineAccumulation(strategy, strategy.set_accumulation_boundary, optimizers)
+        return EngineAccumulation(strategy, strategy.set_accumulation_boundary, optimizers, accumulate)
     if accumulate > 1 and isinstance(strategy, BackwardSyncControl):
         return TrainerAccumulation(accumulate, strategy.no_backward_sync)
     return TrainerAccumulation(accumulate, _always_synced)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from itertools import islice
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torch.utils.data import (
     BatchSampler,
@@ -19,6 +19,9 @@ from torch.utils.data import (
     RandomSampler,
     SequentialSampler,
 )
+
+if TYPE_CHECKING:
+    from stratagem.strategies import LoaderStage, Strategy
 
 _KEPT_SETTINGS = (
     "batch_size",
@@ -100,6 +103,16 @@ def with_distributed_sampler(
             f"Could not re-create {type(loader).__name__} with a DistributedSampler ({error}). Build it with a "
             "DistributedSampler yourself and pass use_distributed_sampler=False to the Trainer."
         ) from None
+
+
+def rebuilt_for_strategy(strategy: Strategy, loaders: list[Iterable[Any]], stage: LoaderStage) -> list[Iterable[Any]]:
+    """The loaders of a pass as the strategy's engine reads them: rebuilt by a strategy that
+    :class:`~stratagem.strategies.RebuildsDataLoaders`, else unchanged. The one place that ability is looked at."""
+    from stratagem.strategies import RebuildsDataLoaders
+
+    if not isinstance(strategy, RebuildsDataLoaders):
+        return loaders
+    return [strategy.rebuild_dataloader(loader, stage) for loader in loaders]
 
 
 def set_epoch(loader: Iterable[Any], epoch: int) -> None:

@@ -6,10 +6,9 @@ accumulates gradients and how, which schedulers step per optimizer step) is deci
 
 from __future__ import annotations
 
-import math
 import time
 import warnings
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from itertools import islice
 from typing import TYPE_CHECKING, Any
 
@@ -111,7 +110,7 @@ class FitLoop:
         if self.settings.max_steps != -1:
             estimates.append(self.settings.max_steps)
         if self.settings.max_epochs != -1 and self.num_batches is not None:
-            estimates.append(self.settings.max_epochs * math.ceil(self.num_batches / self.accumulate))
+            estimates.append(self.settings.max_epochs * self.accumulation.optimizer_steps(self.num_batches))
         return min(estimates, default=None)
 
     def _sanity_check(self) -> None:
@@ -242,15 +241,9 @@ class FitLoop:
         batch = strategy.batch_to_device(batch)
         accumulate = self.accumulate
         boundary = accumulate == 1 or (batch_idx + 1) % accumulate == 0 or batch_idx + 1 == self.num_batches
-        with self.accumulation.micro_batch(boundary):
-            output, stepped_backward = self._forward_backward(batch, batch_idx)
+        output = self.accumulation.run_batch(batch, batch_idx, boundary, self)
         progress.batches_in_epoch += 1
         progress.total_batches += 1
-        if boundary:
-            if self._window_has_grad:
-                self._optimizer_step()
-        elif stepped_backward:
-            self.accumulation.between_steps()
         for hook in self._batch_end_hooks:
             hook(trainer, module, output, batch, batch_idx)
         if self._module_batch_end:
@@ -260,19 +253,34 @@ class FitLoop:
             if count % self._validation_interval == 0:
                 self._validate()
 
-    def _forward_backward(self, batch: Any, batch_idx: int) -> tuple[Any, bool]:
+    # -- what a policy builds one item of training data out of (TrainingLoopSteps) ------------------
+
+    def forward_backward(
+        self, batch: Any, batch_idx: int, scale_loss: Callable[[torch.Tensor], torch.Tensor]
+    ) -> tuple[Any, bool]:
         strategy = self.strategy
         output = strategy.run_step("training_step", batch, batch_idx)
         loss = _loss_of(output)
         if loss is None:
             return output, False
         self.context.last_loss = loss.detach()
-        strategy.backward(self.accumulation.scale_loss(loss), self.backward_optimizer)
+        strategy.backward(scale_loss(loss), self.backward_optimizer)
         self._window_has_grad = True
         return output, True
 
+    def step_optimizers(self) -> None:
+        if self._window_has_grad:
+            self._optimizer_step()
+
+    def record_engine_steps(self, output: Any, optimizer_steps: int) -> None:
+        loss = _loss_of(output)
+        if loss is not None:
+            self.context.last_loss = loss.detach()
+        for _ in range(optimizer_steps):
+            self._count_optimizer_step()
+
     def _optimizer_step(self) -> None:
-        strategy, settings, progress = self.strategy, self.settings, self.progress
+        strategy, settings = self.strategy, self.settings
         clip_val = settings.gradient_clip_val
         for optimizer in self.optimizers:
             if clip_val is not None:
@@ -281,10 +289,14 @@ class FitLoop:
         for optimizer in self.optimizers:
             strategy.zero_grad(optimizer)
         self._window_has_grad = False
+        self._count_optimizer_step()
+
+    def _count_optimizer_step(self) -> None:
+        progress = self.progress
         progress.global_step += 1
         if self.step_schedulers:
             step_schedulers(self.step_schedulers, "step", progress.global_step, self.metrics.callback_metrics)
-        if self.logs_steps and progress.global_step % settings.log_every_n_steps == 0:
+        if self.logs_steps and progress.global_step % self.settings.log_every_n_steps == 0:
             self._log_step_metrics()
 
     def _log_step_metrics(self) -> None:

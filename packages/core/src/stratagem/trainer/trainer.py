@@ -23,7 +23,7 @@ from stratagem.loggers.logger import Logger
 from stratagem.module import Module
 from stratagem.strategies import LoopSettings, Strategy
 from stratagem.trainer.checkpointing import build_checkpoint, resolve_ckpt_path, restore_fit, restore_weights
-from stratagem.trainer.data import as_loader_list, check_splittable, with_distributed_sampler
+from stratagem.trainer.data import as_loader_list, check_splittable, rebuilt_for_strategy, with_distributed_sampler
 from stratagem.trainer.evaluation_loop import EvaluationKind, run_evaluation
 from stratagem.trainer.fit_loop import FitLoop
 from stratagem.trainer.lightning_hooks import check_lightning_hooks
@@ -467,7 +467,8 @@ class Trainer:
         sampler_kwargs = self.strategy.distributed_sampler_kwargs if self.settings.use_distributed_sampler else None
         seed = self.settings.seed or 0
         shuffle = None if stage == "fit" else False
-        return [with_distributed_sampler(loader, sampler_kwargs, seed, shuffle) for loader in loaders]
+        split = [with_distributed_sampler(loader, sampler_kwargs, seed, shuffle) for loader in loaders]
+        return rebuilt_for_strategy(self.strategy, split, stage)
 
 
 @torch.no_grad()

@@ -1,0 +1,47 @@
+"""Giving back the host memory of DeepSpeed's NVMe parameter swappers when a run no longer needs them.
+
+Every ``zero.Init`` that places parameters on NVMe (the strategy's own around ``configure_model``, and
+the one the engine opens for parameters created outside it) builds an ``AsyncPartitionedParameterSwapper``
+that page-locks ``buffer_count * buffer_size`` elements of host memory: 2 GiB per process in fp32 with
+DeepSpeed's defaults. The lock comes from a process-wide pool that frees nothing when the swapper is
+dropped, so each run in a process (fit, then validate, test, predict) added its swappers' buffers to the
+last ones' until the host ran out of memory.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from torch import nn
+
+
+def swappers_of(parameters: Iterable[nn.Parameter]) -> list[Any]:
+    """The NVMe swappers holding ``parameters``' partitions, each once, in first-seen order."""
+    swappers: dict[int, Any] = {}
+    for parameter in parameters:
+        swapper = getattr(parameter, "nvme_swapper", None)
+        if swapper is not None:
+            swappers.setdefault(id(swapper), swapper)
+    return list(swappers.values())
+
+
+def release_swap_buffers(swapper: Any, parameters: Iterable[nn.Parameter]) -> None:
+    """Free ``swapper``'s page-locked buffers, after its pending reads and writes finish.
+
+    ``parameters`` are those it swapped: partitions kept in its buffers are marked swapped out first, so
+    that nothing reads the freed memory. Call it only once their partitions are no longer needed (the
+    module holds plain copies, or nothing was built on ``swapper``). Calling it again does nothing.
+    """
+    if getattr(swapper, "buffers", None) is None:
+        return
+    swapper.synchronize_writes()
+    swapper.synchronize_reads()
+    swapper.remove_partition_and_release_buffers([p for p in parameters if getattr(p, "nvme_swapper", None) is swapper])
+    # Either handle frees any buffer: the page-locked pool is per process, not per handle.
+    for name in ("buffers", "partitioned_swap_buffer"):
+        buffer = getattr(swapper, name, None)
+        if buffer is not None:
+            swapper.aio_read_handle.free_cpu_locked_tensor(buffer)
+            setattr(swapper, name, None)
+    swapper.partitioned_swap_pool = None
