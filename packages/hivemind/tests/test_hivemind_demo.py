@@ -12,9 +12,10 @@ import pytest
 import torch
 from swarm_peers import JOIN_LINE, wait_for
 
-pytestmark = pytest.mark.timeout(420)
+pytestmark = pytest.mark.timeout(660)
 
-STEPS = 20
+STEPS = 10
+"""Five collaborative epochs: each round that finds no group on a busy machine waits out averaging_timeout (30 s)."""
 
 
 def _demo(directory: Path, environment: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
@@ -33,7 +34,13 @@ def test_two_demo_commands_train_one_model_whose_checkpoint_evaluates_under_sing
     joining = {**base, "STRATAGEM_HIVEMIND_MIN_PEERS": "2", "STRATAGEM_HIVEMIND_INITIAL_PEERS": found.group(1)}
     second = _demo(tmp_path / "second", joining, second_log)
     for process, log in ((first, first_log), (second, second_log)):
-        assert process.wait(360) == 0, log.read_text()[-6000:]
+        try:
+            code = process.wait(540)
+        except subprocess.TimeoutExpired:
+            first.kill()
+            second.kill()
+            raise AssertionError(f"{log.name} did not finish:\n{log.read_text()[-6000:]}") from None
+        assert code == 0, log.read_text()[-6000:]
         assert f"done after {STEPS} steps" in log.read_text()
 
     from stratagem import Trainer
