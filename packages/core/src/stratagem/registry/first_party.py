@@ -82,6 +82,12 @@ PACKAGES: tuple[FirstPartyPackage, ...] = (
         names={"strategy": ("hivemind",)},
     ),
     FirstPartyPackage(
+        extra="horovod",
+        distribution="stratagem-horovod",
+        names={"strategy": ("horovod",), "environment": ("horovodrun",)},
+    ),
+    FirstPartyPackage(extra="colossalai", distribution="stratagem-colossalai", names={"strategy": ("colossalai",)}),
+    FirstPartyPackage(
         extra="xla",
         distribution="stratagem-xla",
         names={"strategy": ("xla", "single_xla", "xla_fsdp"), "accelerator": ("xla", "tpu")},
@@ -136,23 +142,10 @@ LIGHTNING_NAMES: tuple[LightningName, ...] = (
     ),
     LightningName(
         "strategy",
-        "horovod",
-        "Lightning removed Horovod in 2.0 and stratagem has no Horovod strategy; ranks started by "
-        "horovodrun/mpirun are joined by the 'mpi' environment",
-        ("ddp",),
-    ),
-    LightningName(
-        "strategy",
         "bagua",
         "Lightning moved Bagua to the lightning-bagua package; stratagem offers no Bagua strategy: Bagua 0.9.2 "
         "builds only against NCCL (no CPU path), has no wheels for Python 3.11 and is no longer maintained",
         ("ddp",),
-    ),
-    LightningName(
-        "strategy",
-        "colossalai",
-        "Lightning moved Colossal-AI to the lightning-colossalai package; stratagem has no Colossal-AI strategy",
-        ("fsdp", "deepspeed_stage_3"),
     ),
     LightningName("strategy", "tpu_spawn", "Lightning's old name for the XLA strategy", ("xla",)),
     LightningName("strategy", "tpu_spawn_debug", "Lightning's old name for the XLA strategy (debug)", ("xla",)),
