@@ -65,10 +65,18 @@ def loader(seed: int) -> DataLoader:
     return DataLoader(TensorDataset(features, labels), batch_size=BATCH_SIZE)
 
 
+# Elements per NVMe swap buffer: the matrix's model is tiny, and DeepSpeed's default (1e8, five buffers)
+# page-locks 2 GiB of host memory per rank, which takes seconds to lock and free on every run.
+_NVME_SWAP_BUFFER_ELEMENTS = 1_000_000
+
+
 def _strategy(name: str, scratch: Path) -> stratagem.strategies.Strategy:
     """The registered strategy, given a scratch directory where it takes one (NVMe offload swaps there)."""
     accepted = inspect.signature(registry.strategies.load_target(name)).parameters
-    return registry.strategies.create(name, **({"nvme_path": str(scratch)} if "nvme_path" in accepted else {}))
+    options: dict[str, Any] = {"nvme_path": str(scratch)} if "nvme_path" in accepted else {}
+    if registry.strategies.get(name).defaults.get("offload_params_device") == "nvme":
+        options["params_buffer_size"] = _NVME_SWAP_BUFFER_ELEMENTS
+    return registry.strategies.create(name, **options)
 
 
 def _trainer(strategy: str, devices: int, precision: str, root: Path, **options: Any) -> stratagem.Trainer:

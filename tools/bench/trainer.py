@@ -1,6 +1,7 @@
 """Trainer overhead: stratagem's Trainer against a hand-written PyTorch loop (and Lightning, when installed).
 
     python tools/bench/run.py trainer [--workload mlp|transformer|all] [--rounds 5] [--json out.json]
+    python tools/bench/run.py trainer --paired 3000
 
 Each workload trains the same model on the same data with the same optimizer, in rounds that
 alternate the order of the contenders (raw, trainer, lightning / lightning, trainer, raw, ...),
@@ -243,6 +244,76 @@ def _run_lightning(workload: Workload, data: TensorDataset) -> tuple[float, floa
     return timer.stopwatch.rates(trainer.global_step)
 
 
+# -- paired: both loops step by step in one process, features on -------------------------------
+
+
+class _PairedRawLoop(stratagem.callbacks.Callback):
+    """Runs one raw step after every Trainer step and times both, so that each pair of samples sees the
+    same machine load: the median difference is the Trainer's per-step overhead even on a busy machine."""
+
+    def __init__(self, workload: Workload, data: TensorDataset) -> None:
+        torch.manual_seed(0)
+        self.model = workload.make_model()
+        self.optimizer = _optimizer(self.model.parameters())
+        self.workload, self.data = workload, data
+        self.batches = iter(())
+        self.trainer_steps: list[float] = []
+        self.raw_steps: list[float] = []
+        self.last: float | None = None
+
+    def _next_batch(self) -> Any:
+        batch = next(self.batches, None)
+        if batch is None:
+            self.batches = iter(_loader(self.workload, self.data))
+            batch = next(self.batches)
+        return batch
+
+    def on_train_batch_end(self, trainer: Any, module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        now = time.perf_counter()
+        if self.last is not None:
+            self.trainer_steps.append(now - self.last)
+        start = time.perf_counter()
+        features, labels = self._next_batch()
+        loss = functional.cross_entropy(self.model(features), labels)
+        loss.backward()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        end = time.perf_counter()
+        self.raw_steps.append(end - start)
+        self.last = time.perf_counter()
+
+
+def measure_paired(workload: Workload, steps: int, root_dir: str) -> dict[str, Any]:
+    """Trainer with the progress bar on and a CSV logger every 50 steps, paired step by step with a raw loop."""
+    data = workload.make_data()
+    paired = _PairedRawLoop(workload, data)
+    torch.manual_seed(0)
+    trainer = stratagem.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_steps=steps,
+        enable_progress_bar=True,
+        enable_checkpointing=False,
+        logger="csv",
+        log_every_n_steps=50,
+        num_sanity_val_steps=0,
+        default_root_dir=root_dir,
+        callbacks=[paired],
+    )
+    trainer.fit(_BenchModule(workload.make_model()), _loader(workload, data))
+    warm_up = min(200, steps // 4)
+    trainer_step = statistics.median(paired.trainer_steps[warm_up:])
+    raw_step = statistics.median(paired.raw_steps[warm_up + 1 :])
+    return {
+        "workload": workload.name,
+        "steps": steps,
+        "trainer_step_us": trainer_step * 1e6,
+        "raw_step_us": raw_step * 1e6,
+        "overhead_us": (trainer_step - raw_step) * 1e6,
+        "ratio_to_raw": raw_step / trainer_step,
+    }
+
+
 # -- measuring ----------------------------------------------------------------------------------
 
 
@@ -297,7 +368,29 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=None, help="steps per round (default: per workload)")
     parser.add_argument("--no-lightning", action="store_true", help="skip Lightning even when it is installed")
     parser.add_argument("--json", default=None, help="also write the results to this file")
+    parser.add_argument(
+        "--paired",
+        type=int,
+        default=None,
+        metavar="STEPS",
+        help="instead: STEPS Trainer steps with the progress bar and a CSV logger on, each followed by one raw step "
+        "in the same process; prints the median per-step overhead (robust on a busy machine)",
+    )
     args = parser.parse_args(argv)
+    if args.paired is not None:
+        import tempfile
+
+        with tempfile.TemporaryDirectory() as root_dir:
+            result = measure_paired(WORKLOADS["mlp"], args.paired, root_dir)
+        print(
+            f"paired, {WORKLOADS['mlp'].description}, progress bar on, CSV logger every 50 steps: trainer "
+            f"{result['trainer_step_us']:.1f} us/step, raw {result['raw_step_us']:.1f} us/step, overhead "
+            f"{result['overhead_us']:.1f} us/step, raw/trainer {result['ratio_to_raw']:.3f}"
+        )
+        if args.json:
+            with open(args.json, "w") as stream:
+                json.dump(result, stream, indent=2)
+        return 0
     with_lightning = not args.no_lightning and _lightning() is not None
     names = list(WORKLOADS) if args.workload == "all" else [args.workload]
     print(

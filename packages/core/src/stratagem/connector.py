@@ -356,7 +356,7 @@ def _precision_choices() -> str:
 
 def _create_strategy(name: str, total_devices: int) -> Strategy:
     if name == "auto":
-        name = _auto_strategy_name(total_devices)
+        name = auto_strategy_name(total_devices)
     created = registry.strategies.create(name)
     if not isinstance(created, Strategy):
         raise TypeError(
@@ -366,7 +366,9 @@ def _create_strategy(name: str, total_devices: int) -> Strategy:
     return created
 
 
-def _auto_strategy_name(total_devices: int) -> str:
+def auto_strategy_name(total_devices: int) -> str:
+    """What ``strategy="auto"`` means before a model is known: one device, ``single_device``; more, ``ddp``
+    (``ddp_notebook`` in a notebook). The Trainer's first fit may plan another from the model."""
     if total_devices == 1:
         return "single_device"
     name = "ddp_notebook" if is_interactive() else "ddp"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -12,7 +13,15 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.optim import Optimizer
 
-from stratagem.strategies import BackwardSyncControl, LoopSettings, ParallelOptions, ParallelStrategy
+from stratagem.strategies import (
+    BackwardSyncControl,
+    LoopSettings,
+    MemoryEstimate,
+    ModelFootprint,
+    ParallelOptions,
+    ParallelStrategy,
+    replicated_estimate,
+)
 from stratagem_ddp.comm_hooks import (
     CommHook,
     build_comm_state,
@@ -110,6 +119,13 @@ class DDPStrategy(ParallelStrategy, BackwardSyncControl):
                 "accumulate_grad_batches=1 or static_graph=False."
             )
         super().connect_loop_settings(settings)
+
+    def estimate_memory(self, footprint: ModelFootprint) -> MemoryEstimate:
+        estimate = replicated_estimate(footprint)
+        if self.gradient_as_bucket_view:
+            return estimate
+        # The reducer's buckets hold a second copy of every gradient unless gradients are views into them.
+        return dataclasses.replace(estimate, device_bytes=estimate.device_bytes + footprint.gradient_bytes)
 
     def setup_module(self, module: nn.Module) -> nn.Module:
         module = super().setup_module(module)

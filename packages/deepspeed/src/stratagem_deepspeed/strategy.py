@@ -19,6 +19,8 @@ from torch.optim import Optimizer
 from stratagem.checkpoint_io import CheckpointIO, PathLike, move_into_place, temporary_sibling
 from stratagem.strategies import (
     LoopSettings,
+    MemoryEstimate,
+    ModelFootprint,
     OwnsAccumulation,
     ParallelStrategy,
     skip_parameter_init,
@@ -40,6 +42,7 @@ from stratagem_deepspeed.environment import (
     select_deepspeed_accelerator,
 )
 from stratagem_deepspeed.lightning_options import parse_lightning_options, upgrade_boolean_offload
+from stratagem_deepspeed.memory import deepspeed_estimate
 from stratagem_deepspeed.nvme_swap import release_swap_buffers, swappers_of
 from stratagem_deepspeed.stage_3_release import release_partitioned_parameters
 
@@ -210,6 +213,9 @@ class DeepSpeedStrategy(ParallelStrategy, OwnsAccumulation):
     @property
     def zero_stage(self) -> int:
         return zero_stage(self.config)
+
+    def estimate_memory(self, footprint: ModelFootprint) -> MemoryEstimate:
+        return deepspeed_estimate(footprint, self.config, self.world_size)
 
     @property
     def checkpoint_io(self) -> CheckpointIO:

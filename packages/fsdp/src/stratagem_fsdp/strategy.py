@@ -26,9 +26,16 @@ from torch.optim import Optimizer
 from torch.utils._pytree import tree_map
 
 from stratagem.checkpoint_io import CheckpointError, CheckpointIO, PathLike, read_full_checkpoint
-from stratagem.strategies import BackwardSyncControl, ParallelStrategy, split_parallel_options
+from stratagem.strategies import (
+    BackwardSyncControl,
+    MemoryEstimate,
+    ModelFootprint,
+    ParallelStrategy,
+    split_parallel_options,
+)
 from stratagem_fsdp.checkpoint_io import DistributedCheckpointIO
 from stratagem_fsdp.materialize import has_meta_tensors, materialize
+from stratagem_fsdp.memory import fsdp_estimate
 from stratagem_fsdp.optimizer_state import parameter_names, to_index_keyed, to_name_keyed
 from stratagem_fsdp.options import (
     ModulePolicy,
@@ -115,6 +122,9 @@ class FSDPStrategy(ParallelStrategy, BackwardSyncControl):
             self.sharding_strategy, self.num_processes * self.num_nodes, self.num_nodes, self._device_mesh_shape
         )
         self._offload_policy = offload_policy(self.cpu_offload, self.accelerator.device_type)
+
+    def estimate_memory(self, footprint: ModelFootprint) -> MemoryEstimate:
+        return fsdp_estimate(footprint, self._configured_layout, self._auto_wrap, offload=bool(self.cpu_offload))
 
     @property
     def checkpoint_io(self) -> CheckpointIO:

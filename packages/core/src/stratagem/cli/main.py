@@ -28,6 +28,9 @@ SUBCOMMANDS: dict[str, Subcommand] = {
         "stratagem.cli.doctor", "report versions, devices, cluster environment, plugins and their problems"
     ),
     "demo": Subcommand("stratagem.cli.demo", "train a small built-in model on synthetic data"),
+    "plan": Subcommand(
+        "stratagem.cli.plan", "estimate memory per rank of training a module under every strategy; say what fits"
+    ),
     "consolidate": Subcommand("stratagem.cli.consolidate", "merge a sharded checkpoint into one file"),
 }
 """Every subcommand: its module (imported only when it runs) and its one-line help."""

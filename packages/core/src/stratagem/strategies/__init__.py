@@ -9,6 +9,7 @@ from stratagem.strategies.capabilities import (
     RebuildsDataLoaders,
 )
 from stratagem.strategies.init_contexts import skip_parameter_init
+from stratagem.strategies.memory import MemoryEstimate, ModelFootprint, replicated_estimate
 from stratagem.strategies.parallel import ParallelOptions, ParallelStrategy, split_parallel_options
 from stratagem.strategies.single_device import SingleDeviceStrategy
 from stratagem.strategies.strategy import LoopSettings, ReduceOp, Strategy, StrategyOptions
@@ -18,6 +19,8 @@ __all__ = [
     "EngineSteps",
     "LoaderStage",
     "LoopSettings",
+    "MemoryEstimate",
+    "ModelFootprint",
     "OwnsAccumulation",
     "OwnsTrainingStep",
     "ParallelOptions",
@@ -27,6 +30,7 @@ __all__ = [
     "SingleDeviceStrategy",
     "Strategy",
     "StrategyOptions",
+    "replicated_estimate",
     "skip_parameter_init",
     "split_parallel_options",
 ]

@@ -18,10 +18,12 @@ from stratagem.checkpoint_io import CheckpointIO, PathLike
 from stratagem.environments.cluster_environment import ClusterEnvironment
 from stratagem.launchers import Launcher
 from stratagem.precision import Precision
+from stratagem.strategies._batch import move_to_device
 from stratagem.strategies._forward_redirect import call_through_forward
 from stratagem.strategies.capabilities import adopt_legacy_capabilities
 from stratagem.strategies.constructor_signature import check_option_names, signature_with_forwarded_options
 from stratagem.strategies.init_contexts import skip_parameter_init
+from stratagem.strategies.memory import MemoryEstimate, ModelFootprint, replicated_estimate
 
 ReduceOp = Literal["sum", "mean", "max", "min"]
 
@@ -195,6 +197,15 @@ class Strategy(ABC):
         """
         return None
 
+    def estimate_memory(self, footprint: ModelFootprint) -> MemoryEstimate:
+        """What one rank would hold at its peak training a model of ``footprint``, as configured.
+
+        Called in the calling process after :meth:`configure`, before anything starts (by ``strategy="auto"``
+        and ``stratagem plan``). The default is a replicated strategy's: every rank holds the whole training
+        state. A strategy that shards or offloads overrides it.
+        """
+        return replicated_estimate(footprint)
+
     @property
     def distributed_sampler_kwargs(self) -> dict[str, int] | None:
         """``num_replicas``/``rank`` for a DistributedSampler, or ``None`` when data is not split."""
@@ -324,8 +335,6 @@ class Strategy(ABC):
 
     def batch_to_device(self, batch: Any) -> Any:
         """Move a batch to :attr:`root_device` and the precision's input dtype."""
-        from stratagem.strategies._batch import move_to_device
-
         return self.precision.convert_input(move_to_device(batch, self.root_device))
 
     # -- collectives ------------------------------------------------------------------------

@@ -6,6 +6,7 @@ import contextlib
 import dataclasses
 import itertools
 import os
+import sys
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, Literal
@@ -17,10 +18,11 @@ from stratagem.callbacks.callback import Callback, RunStage
 from stratagem.callbacks.model_checkpoint import ModelCheckpoint
 from stratagem.callbacks.progress_bar import ProgressBar
 from stratagem.checkpoint_io import PathLike
-from stratagem.connector import Plugin, resolve
+from stratagem.connector import Plugin, auto_strategy_name, resolve
 from stratagem.loggers.csv_logger import CSVLogger
 from stratagem.loggers.logger import Logger
 from stratagem.module import Module
+from stratagem.planning.auto import AutoRequest, choice_for_workers, choose_strategy
 from stratagem.strategies import LoopSettings, Strategy
 from stratagem.trainer.checkpointing import build_checkpoint, resolve_ckpt_path, restore_fit, restore_weights
 from stratagem.trainer.data import as_loader_list, check_splittable, rebuilt_for_strategy, with_distributed_sampler
@@ -104,6 +106,10 @@ class Trainer:
             num_nodes=num_nodes,
             precision=precision,
             plugins=plugins,
+        )
+        # "auto" is settled by the first fit, which sees the model: see _plan_strategy.
+        self._auto_request = (
+            AutoRequest(accelerator, devices, num_nodes, precision, plugins) if strategy == "auto" else None
         )
         self.strategy.connect_loop_settings(
             LoopSettings(
@@ -327,6 +333,7 @@ class Trainer:
             )
         if not isinstance(weights_only, bool):
             raise TypeError(f"weights_only={weights_only!r} is not valid; expected True or False.")
+        planned = self._plan_strategy(module) if stage == "fit" and self._auto_request is not None else None
         checkpoint = resolve_ckpt_path(self, ckpt_path, stage)
         loaders = [as_loader_list(value, name) for value, name in zip(dataloaders, _ARGUMENT_NAMES[stage])]
         if self.settings.use_distributed_sampler and self.strategy.distributed_sampler_kwargs is not None:
@@ -342,12 +349,28 @@ class Trainer:
         # Decided here, in the caller: inside a started worker the strategy sees ranks that already
         # exist and would pick an in-place launcher, which says nothing about who called.
         returns_to_caller = not launcher.caller_is_worker
-        output: WorkerOutput = launcher.launch(
-            self._run_in_worker, stage, module, loaders, checkpoint, weights_only, returns_to_caller
-        )
+        with choice_for_workers(planned) if planned is not None else contextlib.nullcontext():
+            output: WorkerOutput = launcher.launch(
+                self._run_in_worker, stage, module, loaders, checkpoint, weights_only, returns_to_caller
+            )
         if returns_to_caller:
             output.apply(self, self._context, module)
         return output
+
+    def _plan_strategy(self, module: Module) -> str:
+        """Replace the strategy ``auto`` resolved without a model by the fastest one the model fits in (once per
+        Trainer), saying why on stderr when that is not the usual choice; return the name for the workers."""
+        request, self._auto_request = self._auto_request, None
+        assert request is not None
+        default = auto_strategy_name(self.strategy.world_size)
+        name, reason = choose_strategy(module, request, default)
+        if name != default:
+            settings = self.strategy.loop_settings
+            self.strategy = resolve(strategy=name, **request.resolve_kwargs())
+            self.strategy.connect_loop_settings(settings)
+            if reason is not None:
+                print(f"stratagem: {reason}", file=sys.stderr, flush=True)
+        return name
 
     # -- in every worker ------------------------------------------------------------------------
 

@@ -1,0 +1,76 @@
+"""``strategy="auto"``: plan from the module at the start of ``fit`` and carry the choice to every worker."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from torch import nn
+
+from stratagem.planning.planner import plan, strategies_to_plan
+
+CHOICE_VARIABLE = "STRATAGEM_AUTO_STRATEGY"
+"""Set by the calling process while it starts workers, so that a re-executed script takes the caller's choice
+instead of planning again from memory that the other ranks are already using."""
+
+
+@dataclass(frozen=True)
+class AutoRequest:
+    """What the user gave the Trainer besides ``strategy="auto"``: what a planned strategy is resolved with."""
+
+    accelerator: Any
+    devices: Any
+    num_nodes: int
+    precision: Any
+    plugins: Any
+
+    def resolve_kwargs(self) -> dict[str, Any]:
+        return {
+            "accelerator": self.accelerator,
+            "devices": self.devices,
+            "num_nodes": self.num_nodes,
+            "precision": self.precision,
+            "plugins": self.plugins,
+        }
+
+
+def choose_strategy(module: nn.Module, request: AutoRequest, default: str) -> tuple[str, str | None]:
+    """The registered name to train ``module`` with, and the one-line reason (``None`` in a worker that took
+    the calling process's choice). ``default`` is what ``auto`` means without a model (``ddp``,
+    ``single_device``): it is kept whenever it fits."""
+    from stratagem import registry
+
+    inherited = os.environ.get(CHOICE_VARIABLE)
+    if inherited:
+        return inherited, None
+    try:
+        first = plan(module, [default], first_fit=True, **request.resolve_kwargs())
+    except Exception as error:  # copying or building the user's module on meta failed: plan nothing, change nothing
+        return default, f"auto → {default}: the model could not be measured ({type(error).__name__}: {error})"
+    if first.chosen is not None:
+        return default, first.reason()
+    planned = plan(module, strategies_to_plan(default, registry.strategies.names()), **request.resolve_kwargs())
+    chosen = planned.chosen
+    if chosen is None:
+        raise ValueError(
+            f"strategy='auto' found no strategy to train {type(module).__name__}: {planned.reason()}. "
+            "Run `stratagem plan` for every strategy's estimate, or pass strategy= to choose one yourself."
+        )
+    return chosen.name, planned.reason()
+
+
+@contextlib.contextmanager
+def choice_for_workers(name: str) -> Iterator[None]:
+    """Let the workers started in this block inherit ``name`` as the ``auto`` choice."""
+    previous = os.environ.get(CHOICE_VARIABLE)
+    os.environ[CHOICE_VARIABLE] = name
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop(CHOICE_VARIABLE, None)
+        else:
+            os.environ[CHOICE_VARIABLE] = previous

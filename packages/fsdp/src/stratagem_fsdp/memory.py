@@ -1,0 +1,55 @@
+"""What one rank of ``fully_shard`` holds: its shards, the units it gathers at once, and its activations."""
+
+from __future__ import annotations
+
+from stratagem.strategies import MemoryEstimate, ModelFootprint
+from stratagem_fsdp.options import ModuleSelector, ShardingLayout
+from stratagem_fsdp.wrapping import selected_units
+
+SHARDED_STEP_TIME = 1.1
+"""Gathering parameters and reduce-scattering gradients costs a little over DDP's all-reduce."""
+OFFLOADED_STEP_TIME = 1.6
+"""Copying every shard between host and device, and stepping on the host."""
+
+
+def fsdp_estimate(
+    footprint: ModelFootprint, layout: ShardingLayout, auto_wrap: ModuleSelector | None, offload: bool
+) -> MemoryEstimate:
+    """Shards are the training state over the shard group; a unit's parameters and gradients are whole while it
+    computes (the largest unit and the prefetched next one), and the root's own parameters for the whole step.
+    Without resharding after forward (``SHARD_GRAD_OP``) every unit stays gathered until backward."""
+    shard_ranks = layout.mesh_shape[-1]
+    element_bytes = footprint.parameter_bytes / max(1, footprint.parameters)
+    unit_sizes, root_size = _unit_sizes(footprint, auto_wrap)
+    if not layout.reshard_after_forward:
+        gathered_elements = footprint.parameters
+    else:
+        largest_two = sum(sorted(unit_sizes, reverse=True)[:2])
+        gathered_elements = root_size + largest_two
+    # A gathered unit's gradient is whole until it is reduce-scattered.
+    gathered = int(2 * gathered_elements * element_bytes) if shard_ranks > 1 else 0
+    shards = footprint.training_state_bytes // shard_ranks
+    if offload:
+        return MemoryEstimate(
+            device_bytes=gathered + footprint.activation_bytes,
+            host_bytes=shards,
+            relative_step_time=OFFLOADED_STEP_TIME,
+        )
+    return MemoryEstimate(
+        device_bytes=shards + gathered + footprint.activation_bytes,
+        relative_step_time=SHARDED_STEP_TIME if shard_ranks > 1 else 1.0,
+    )
+
+
+def _unit_sizes(footprint: ModelFootprint, auto_wrap: ModuleSelector | None) -> tuple[list[int], int]:
+    """Parameter counts of the units ``auto_wrap`` selects, and of what is left to the root."""
+    if footprint.module is None:
+        return [], footprint.parameters
+    units = selected_units(footprint.module, auto_wrap)
+    sizes: list[int] = []
+    counted: set[int] = set()
+    for unit in units:
+        own = [parameter for parameter in unit.parameters() if id(parameter) not in counted]
+        counted.update(id(parameter) for parameter in own)
+        sizes.append(sum(parameter.numel() for parameter in own))
+    return sizes, footprint.parameters - sum(sizes)
