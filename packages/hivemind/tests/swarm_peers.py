@@ -21,6 +21,10 @@ SWARM = {"matchmaking_time": 5.0, "averaging_timeout": 30.0, "host_maddrs": LOCA
 machine is busy, and peers that lose a round step on their own gradients."""
 
 
+STARTED: list[subprocess.Popen[bytes]] = []
+"""Every process a test started, so that ``conftest.py`` ends those a failing test left running."""
+
+
 class Peer:
     """One ``peer.py`` process; its output goes to ``directory / "peer.log"``."""
 
@@ -42,6 +46,7 @@ class Peer:
         environment.pop("STRATAGEM_HIVEMIND_MIN_PEERS", None)
         with self.log.open("w") as log:
             self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=environment)
+        STARTED.append(self.process)
 
     def join_address(self, timeout: float = 120.0) -> str:
         """The addresses the peer printed for others to join it at."""

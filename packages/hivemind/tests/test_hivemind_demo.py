@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from swarm_peers import JOIN_LINE, wait_for
+from swarm_peers import JOIN_LINE, STARTED, wait_for
 
 pytestmark = pytest.mark.timeout(660)
 
@@ -22,7 +22,11 @@ def _demo(directory: Path, environment: dict[str, str], log: Path) -> subprocess
     command = [sys.executable, "-m", "stratagem.cli.main", "demo", "--strategy", "hivemind"]
     command += ["--max-steps", str(STEPS), "--logger", "none", "--root-dir", str(directory)]
     with log.open("w") as output:
-        return subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, env=environment, cwd=directory.parent)
+        process = subprocess.Popen(
+            command, stdout=output, stderr=subprocess.STDOUT, env=environment, cwd=directory.parent
+        )
+    STARTED.append(process)
+    return process
 
 
 def test_two_demo_commands_train_one_model_whose_checkpoint_evaluates_under_single_device(tmp_path):
