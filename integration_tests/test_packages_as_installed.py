@@ -87,7 +87,7 @@ def test_every_extra_installs_sibling_packages_of_the_same_version():
 
 @pytest.fixture(scope="module")
 def user_environment(tmp_path_factory, built):
-    """A fresh virtual environment holding only torch and DeepSpeed, and a folder of the built files."""
+    """A fresh virtual environment holding only torch, DeepSpeed and hivemind, and a folder of the built files."""
     root = tmp_path_factory.mktemp("user")
     wheels = root / "wheels"
     wheels.mkdir()
@@ -106,6 +106,8 @@ def user_environment(tmp_path_factory, built):
     environment.pop("PYTHONPATH", None)
     subprocess.run([*pip, "torch==2.13.0", "poetry-core>=2.0"], check=True, timeout=600, env=environment)
     subprocess.run([*pip, "--no-build-isolation", "deepspeed==0.19.8"], check=True, timeout=600, env=environment)
+    # stratagem[all] includes stratagem-hivemind, whose hivemind comes from the index like DeepSpeed.
+    subprocess.run([*pip, "hivemind==1.1.12"], check=True, timeout=600, env=environment)
     return {"python": python, "wheels": wheels, "env": environment, "root": root}
 
 

@@ -117,3 +117,29 @@ def test_a_strategy_limiting_schedulers_refuses_more_with_the_limit_named(tmp_pa
     trainer = quiet_trainer(tmp_path, strategy=OneScheduler(), max_steps=1)
     with pytest.raises(ValueError, match=r"OneScheduler supports at most 1 learning-rate scheduler.*returned 2"):
         trainer.fit(TwoSchedulers(), make_loader())
+
+
+def test_a_strategy_that_steps_schedulers_itself_gets_none_stepped_by_the_trainer(tmp_path):
+    from stratagem.strategies import SingleDeviceStrategy
+
+    class StepsItsOwn(SingleDeviceStrategy):
+        steps_lr_schedulers = True
+
+        def check_lr_schedulers(self, schedulers):
+            self.handed_over = schedulers
+
+    class BothIntervals(ClassifierModule):
+        def configure_optimizers(self):
+            first, second = torch.optim.SGD(self.parameters(), lr=1.0), torch.optim.SGD(self.parameters(), lr=1.0)
+            per_step = torch.optim.lr_scheduler.StepLR(first, 1, gamma=0.5)
+            per_epoch = torch.optim.lr_scheduler.StepLR(second, 1, gamma=0.5)
+            return [
+                {"optimizer": first, "lr_scheduler": {"scheduler": per_step, "interval": "step"}},
+                {"optimizer": second, "lr_scheduler": per_epoch},
+            ]
+
+    strategy = StepsItsOwn()
+    trainer = quiet_trainer(tmp_path, strategy=strategy, max_epochs=2)
+    trainer.fit(BothIntervals(), make_loader())
+    assert [scheduler.last_epoch for scheduler in strategy.handed_over] == [0, 0]
+    assert [optimizer.param_groups[0]["lr"] for optimizer in trainer.optimizers] == [1.0, 1.0]

@@ -77,6 +77,11 @@ PACKAGES: tuple[FirstPartyPackage, ...] = (
         },
     ),
     FirstPartyPackage(
+        extra="hivemind",
+        distribution="stratagem-hivemind",
+        names={"strategy": ("hivemind",)},
+    ),
+    FirstPartyPackage(
         extra="horovod",
         distribution="stratagem-horovod",
         names={"strategy": ("horovod",), "environment": ("horovodrun",)},
@@ -160,13 +165,8 @@ LIGHTNING_NAMES: tuple[LightningName, ...] = (
     LightningName(
         "strategy",
         "bagua",
-        "Lightning moved Bagua to the lightning-bagua package; stratagem has no Bagua strategy",
-        ("ddp",),
-    ),
-    LightningName(
-        "strategy",
-        "hivemind",
-        "Lightning moved Hivemind to the lightning-hivemind package; stratagem has no Hivemind strategy",
+        "Lightning moved Bagua to the lightning-bagua package; stratagem offers no Bagua strategy: Bagua 0.9.2 "
+        "builds only against NCCL (no CPU path), has no wheels for Python 3.11 and is no longer maintained",
         ("ddp",),
     ),
     LightningName("strategy", "tpu_spawn", "Lightning's old name for the XLA strategy", ("xla",)),

@@ -64,6 +64,11 @@ class Strategy(ABC):
     max_lr_schedulers: ClassVar[int | None] = None
     """How many learning-rate schedulers :meth:`check_lr_schedulers` accepts; ``None`` means no limit."""
 
+    steps_lr_schedulers: ClassVar[bool] = False
+    """True when the strategy steps the learning-rate schedulers :meth:`check_lr_schedulers` hands it, on a
+    clock of its own (a swarm's collaborative epoch, which no ``interval`` of the Trainer's can express): the
+    Trainer then never steps them, and still saves and restores their state in checkpoints."""
+
     @property
     def supplies_optimizer(self) -> bool:
         """True when :meth:`setup_optimizers` creates the optimizer itself when given none (e.g. from a

@@ -57,7 +57,9 @@ class FitLoop:
         self.at_step_boundary = step_boundary_callback(self.strategy)
         self.feed = batch_feed(self.strategy)
         self.backward_optimizer = self.optimizers[0] if len(self.optimizers) == 1 else None
-        self.step_schedulers = [config for config in trainer.lr_scheduler_configs if config.interval == "step"]
+        # A strategy that steps the schedulers itself gets none stepped here, per step or per epoch.
+        self.scheduler_configs = [] if self.strategy.steps_lr_schedulers else trainer.lr_scheduler_configs
+        self.step_schedulers = [config for config in self.scheduler_configs if config.interval == "step"]
         self.validation_enabled = bool(val_loaders) and settings.limit_val_batches != 0
         self.logs_steps = trainer.is_global_zero and bool(trainer.loggers)
         self._window_has_grad = False
@@ -220,7 +222,7 @@ class FitLoop:
         logged = self.metrics.finish_epoch("train")
         if self._validate_this_epoch and self._validation_interval is None:
             self._validate()
-        step_schedulers(trainer.lr_scheduler_configs, "epoch", progress.epoch + 1, self.metrics.callback_metrics)
+        step_schedulers(self.scheduler_configs, "epoch", progress.epoch + 1, self.metrics.callback_metrics)
         self.metrics.stage = "train_epoch"
         module.on_train_epoch_end()
         self.hooks.call("on_train_epoch_end", trainer, module)
