@@ -199,6 +199,28 @@ def test_a_name_whose_requirement_is_missing_says_what_to_install(fake):
         registry.create("needs_it")
 
 
+def test_a_requirement_not_on_pypi_is_explained_by_the_registrations_install_hint_not_a_pip_command(fake):
+    source = register_source(
+        "'vendor', 'collections:OrderedDict', description='x', requires='vendor-sdk>=3', "
+        "install='install the wheel that comes with the vendor SDK'"
+    )
+    fake.add("vendor-plugin", {"vendor": source}, {"vendor": "vendor:register"})
+    registry = fake.registry()
+    reason = registry.describe("vendor").reason or ""
+    assert reason == "needs vendor-sdk>=3, which is not installed: install the wheel that comes with the vendor SDK"
+    with pytest.raises(ImportError, match="install the wheel that comes with the vendor SDK") as refused:
+        registry.create("vendor")
+    assert "pip install" not in str(refused.value)
+
+
+def test_an_empty_install_hint_is_refused_at_registration(fake):
+    source = register_source("'vendor', 'collections:OrderedDict', description='x', requires='vendor-sdk', install=' '")
+    fake.add("blank-plugin", {"blank": source}, {"vendor": "blank:register"})
+    registry = fake.registry()
+    assert "vendor" not in registry.names()
+    assert any("install hint" in problem.error for problem in registry.problems())
+
+
 def test_a_requirement_installed_at_a_too_old_version_names_the_installed_version(fake):
     source = register_source("'old', 'collections:OrderedDict', description='x', requires='pytest>=999'")
     fake.add("old-plugin", {"old": source}, {"old": "old:register"})

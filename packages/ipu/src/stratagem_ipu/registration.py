@@ -10,6 +10,10 @@ if TYPE_CHECKING:
 REQUIRES = "poptorch>=3.0"
 """PopTorch ships with Graphcore's Poplar SDK (a wheel in the SDK), not on PyPI."""
 
+INSTALL = (
+    "install the poptorch wheel that comes with Graphcore's Poplar SDK (https://docs.graphcore.ai); it is not on PyPI"
+)
+
 
 def register_strategies(registry: Registry) -> None:
     registry.register(
@@ -21,6 +25,7 @@ def register_strategies(registry: Registry) -> None:
             "Poplar SDK, not from PyPI."
         ),
         requires=REQUIRES,
+        install=INSTALL,
     )
 
 
@@ -30,4 +35,5 @@ def register_accelerators(registry: Registry) -> None:
         "stratagem_ipu.accelerator:IPUAccelerator",
         description="Graphcore IPUs, reached through PopTorch (which comes with the Poplar SDK, not from PyPI).",
         requires=REQUIRES,
+        install=INSTALL,
     )

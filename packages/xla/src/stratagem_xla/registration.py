@@ -5,10 +5,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from stratagem_xla.runtime import INSTALL, XLA_REQUIREMENT
+
 if TYPE_CHECKING:
     from stratagem.registry import Registry
 
-_REQUIRES = "torch-xla==2.9.0"
+# torch-xla's wheel declares no torch, so `pip install torch-xla==2.9.0` alone lands it beside any torch,
+# where it cannot load: listings give runtime's command, which names the torch it loads against.
+_REQUIRES = XLA_REQUIREMENT
+_INSTALL = INSTALL
 
 
 def register_strategies(registry: Registry) -> None:
@@ -44,7 +49,9 @@ def register_strategies(registry: Registry) -> None:
             "One process shards its model over every XLA device with SPMD (SpmdFullyShardedDataParallel).",
         ),
     ):
-        registry.register(name, target, description=description, requires=_REQUIRES, defaults=defaults)
+        registry.register(
+            name, target, description=description, requires=_REQUIRES, install=_INSTALL, defaults=defaults
+        )
 
 
 def register_accelerators(registry: Registry) -> None:
@@ -52,7 +59,13 @@ def register_accelerators(registry: Registry) -> None:
         ("xla", "XLA devices through torch_xla (TPUs; PJRT_DEVICE=CPU runs XLA on the CPU)."),
         ("tpu", "Alias of 'xla': Google TPUs through torch_xla."),
     ):
-        registry.register(name, "stratagem_xla.accelerator:XLAAccelerator", description=description, requires=_REQUIRES)
+        registry.register(
+            name,
+            "stratagem_xla.accelerator:XLAAccelerator",
+            description=description,
+            requires=_REQUIRES,
+            install=_INSTALL,
+        )
 
 
 def register_checkpoint_io(registry: Registry) -> None:
@@ -74,4 +87,5 @@ def register_environments(registry: Registry) -> None:
         "stratagem_xla.environment:XLAEnvironment",
         description="Replicas started by xmp.spawn or on a TPU VM: ordinals and world size from the XLA runtime.",
         requires=_REQUIRES,
+        install=_INSTALL,
     )

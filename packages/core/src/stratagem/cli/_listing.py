@@ -108,7 +108,7 @@ def format_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 
 def _unchecked_row(registry: Registry, name: str) -> Row:
     registration = registry.get(name)
-    reason = requirement_problem(registration.requires)
+    reason = requirement_problem(registration.requires, registration.install)
     return {
         "name": name,
         "description": registration.description,

@@ -33,6 +33,9 @@ class Registration:
     distribution: str
     override: bool
     entry_point: str = BUILTIN_ENTRY_POINT
+    install: str | None = None
+    """How to get what ``requires`` names, where ``pip install '<requires>'`` is not how (not on PyPI, or
+    only together with a particular torch)."""
 
     @property
     def target_path(self) -> str:
@@ -150,15 +153,20 @@ class Registry:
         requires: str | None = None,
         defaults: Mapping[str, Any] | None = None,
         override: bool = False,
+        install: str | None = None,
     ) -> None:
         """Record ``name``. ``target`` is a class, a factory, or a lazy ``"module:attr"`` string.
 
-        ``requires`` is a PEP 508 requirement the target needs (checked when used, not now);
+        ``requires`` is a PEP 508 requirement the target needs (checked when used, not now), and
+        ``install`` how to get it where that is not ``pip install '<requires>'`` (a command, or where
+        its vendor's instructions are): users are told it instead of a pip command that cannot work;
         ``defaults`` are options this name passes to the target (what makes an alias).
         Registering a name another distribution registered is an error naming both, unless
         one of the two passes ``override=True``.
         """
         _check_registration(self.kind, name, target, description, requires, defaults)
+        if install is not None and (not isinstance(install, str) or not install.strip()):
+            raise ValueError(f"The install hint of {self.kind} {name!r} must be a non-empty string, got {install!r}.")
         registration = Registration(
             name=name,
             target=target,
@@ -168,6 +176,7 @@ class Registry:
             distribution=self._distribution,
             override=override,
             entry_point=self._entry_point,
+            install=install,
         )
         self._registered_now.append(name)
         existing = self._entries.get(name)
@@ -218,7 +227,7 @@ class Registry:
         Imports the target (unless its requirement is missing) and asks its ``is_available()``.
         """
         registration = self.get(name)
-        reason = requirement_problem(registration.requires)
+        reason = requirement_problem(registration.requires, registration.install)
         if reason is None:
             reason = self._unavailable_reason(registration)
         return Description(
@@ -239,7 +248,7 @@ class Registry:
         the import fails or the class is not a usable ``interface`` (wrong base, abstract methods).
         """
         registration = self.get(name)
-        problem = requirement_problem(registration.requires)
+        problem = requirement_problem(registration.requires, registration.install)
         if problem is not None:
             raise ImportError(f"The {self.kind} {name!r} (from {registration.distribution}) {problem}.")
         return self._checked_target(registration)
@@ -283,7 +292,7 @@ class Registry:
             if name in self._conflicts:
                 continue
             registration = self._entries[name]
-            if requirement_problem(registration.requires) is None:
+            if requirement_problem(registration.requires, registration.install) is None:
                 with contextlib.suppress(PluginError):
                     self._checked_target(registration)
 
@@ -565,8 +574,9 @@ def _check_register_function(register: Any, label: str) -> None:
         return
 
 
-def requirement_problem(requires: str | None) -> str | None:
-    """Why ``requires`` is not met in this environment (with the install command), or ``None``."""
+def requirement_problem(requires: str | None, install: str | None = None) -> str | None:
+    """Why ``requires`` is not met in this environment, with how to install it (``install`` where the
+    registration gave one, else the pip command), or ``None``."""
     if not requires:
         return None
     from packaging.requirements import Requirement
@@ -574,12 +584,13 @@ def requirement_problem(requires: str | None) -> str | None:
     requirement = Requirement(requires)
     if requirement.marker is not None and not requirement.marker.evaluate():
         return None
+    how = install or f"pip install '{requires}'"
     try:
         installed = metadata.version(requirement.name)
     except metadata.PackageNotFoundError:
-        return f"needs {requires}, which is not installed: pip install '{requires}'"
+        return f"needs {requires}, which is not installed: {how}"
     if requirement.specifier and not requirement.specifier.contains(installed, prereleases=True):
-        return f"needs {requires}, but {requirement.name} {installed} is installed: pip install '{requires}'"
+        return f"needs {requires}, but {requirement.name} {installed} is installed: {how}"
     return None
 
 
