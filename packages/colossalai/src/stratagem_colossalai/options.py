@@ -22,6 +22,17 @@ class Plugin:
     cuda_only: str | None = None
 
 
+_LOSS_SCALER_OPTIONS = (
+    "initial_scale",
+    "min_scale",
+    "growth_factor",
+    "backoff_factor",
+    "growth_interval",
+    "hysteresis",
+    "max_scale",
+)
+"""The dynamic loss scaler's options: GeminiPlugin, LowLevelZeroPlugin and Lightning's strategy all take them."""
+
 PLUGINS: dict[str, Plugin] = {
     "ddp": Plugin(
         "TorchDDPPlugin",
@@ -58,13 +69,7 @@ PLUGINS: dict[str, Plugin] = {
             "min_chunk_size_m",
             "memstats",
             "gpu_margin_mem_ratio",
-            "initial_scale",
-            "min_scale",
-            "growth_factor",
-            "backoff_factor",
-            "growth_interval",
-            "hysteresis",
-            "max_scale",
+            *_LOSS_SCALER_OPTIONS,
             "max_norm",
             "norm_type",
             "tp_size",
@@ -87,13 +92,7 @@ PLUGINS: dict[str, Plugin] = {
         (
             "stage",
             "precision",
-            "initial_scale",
-            "min_scale",
-            "growth_factor",
-            "backoff_factor",
-            "growth_interval",
-            "hysteresis",
-            "max_scale",
+            *_LOSS_SCALER_OPTIONS,
             "max_norm",
             "norm_type",
             "reduce_bucket_size_in_m",
@@ -133,13 +132,7 @@ LIGHTNING_GEMINI_OPTIONS = (
     "placement_policy",
     "force_outputs_fp32",
     "gpu_margin_mem_ratio",
-    "initial_scale",
-    "min_scale",
-    "growth_factor",
-    "backoff_factor",
-    "growth_interval",
-    "hysteresis",
-    "max_scale",
+    *_LOSS_SCALER_OPTIONS,
 )
 """Lightning's ColossalAIStrategy options that ColossalAI 0.5.0's GeminiPlugin still takes, by the same name."""
 
