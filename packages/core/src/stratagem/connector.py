@@ -118,7 +118,8 @@ def detect_environment() -> ClusterEnvironment:
     builtin_order = ["torchelastic", "slurm", "lsf", "mpi", "kubeflow"]
     plugin_names = _plugin_names(environments)
     for name in plugin_names:
-        if registry.requirement_problem(environments.get(name).requires, environments.get(name).install) is not None:
+        registration = environments.get(name)
+        if registry.requirement_problem(registration.requires, registration.install) is not None:
             continue
         try:
             environment_class = environments.load_target(name)
