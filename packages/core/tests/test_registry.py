@@ -261,6 +261,25 @@ def test_a_required_module_on_the_import_path_is_found_without_running_it(fake, 
     assert "vendor_bridge_probe" not in sys.modules
 
 
+@pytest.mark.parametrize(
+    ("requires", "reason"),
+    [
+        ("no-such-dist>=1", "needs no-such-dist>=1, which is not installed: pip install 'no-such-dist>=1'"),
+        ("pytest", "needs the module no_such_vendor_bridge, which is not installed: from the vendor"),
+    ],
+    ids=["distribution missing", "module missing"],
+)
+def test_with_a_required_module_the_install_hint_is_for_the_module_and_a_missing_distribution_gets_pip(
+    fake, requires, reason
+):
+    source = register_source(
+        f"'bridged', 'collections:OrderedDict', description='x', requires={requires!r}, "
+        "requires_module='no_such_vendor_bridge', install='from the vendor'"
+    )
+    fake.add("bridge-plugin", {"bridge": source}, {"bridged": "bridge:register"})
+    assert fake.registry().describe("bridged").reason == reason
+
+
 @pytest.mark.parametrize("module", ["vendor.torch", "", "not a name", 3])
 def test_a_required_module_that_is_not_a_top_level_name_is_refused_at_registration(fake, module):
     source = register_source(f"'bridged', 'collections:OrderedDict', description='x', requires_module={module!r}")

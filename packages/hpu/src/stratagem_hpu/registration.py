@@ -12,7 +12,6 @@ from stratagem_hpu.availability import HABANA_INSTALL, HABANA_MODULE
 if TYPE_CHECKING:
     from stratagem.registry import Registry
 
-_NEEDS_HABANA = {"requires_module": HABANA_MODULE, "install": HABANA_INSTALL}
 
 _PARALLEL = "stratagem_hpu.strategy:HPUParallelStrategy"
 _FSDP_REQUIREMENT = "stratagem-fsdp>=0.1,<0.2"
@@ -26,26 +25,30 @@ def register_strategies(registry: Registry) -> None:
         "hpu_single",
         "stratagem_hpu.strategy:HPUSingleStrategy",
         description="One Intel Gaudi card; lazy mode with mark_step at step boundaries, eager or torch.compile.",
-        **_NEEDS_HABANA,
+        requires_module=HABANA_MODULE,
+        install=HABANA_INSTALL,
     )
     registry.register(
         "hpu_parallel",
         _PARALLEL,
         description="One process per Gaudi card, DDP over HCCL (lightning-habana's hpu_parallel).",
-        **_NEEDS_HABANA,
+        requires_module=HABANA_MODULE,
+        install=HABANA_INSTALL,
     )
     registry.register(
         "hpu_ddp",
         _PARALLEL,
         description="hpu_parallel under lightning-habana's newer name: DDP over HCCL.",
-        **_NEEDS_HABANA,
+        requires_module=HABANA_MODULE,
+        install=HABANA_INSTALL,
     )
     registry.register(
         "hpu_fsdp",
         "stratagem_hpu.fsdp:HPUFSDPStrategy",
         description="stratagem-fsdp's fsdp on Gaudi cards over HCCL, with HPU lazy mode.",
         requires=_FSDP_REQUIREMENT,
-        **_NEEDS_HABANA,
+        requires_module=HABANA_MODULE,
+        install=HABANA_INSTALL,
     )
     for name, defaults, description in _deepspeed_variants():
         registry.register(
@@ -54,7 +57,8 @@ def register_strategies(registry: Registry) -> None:
             description=description,
             defaults=defaults,
             requires=_DEEPSPEED_REQUIREMENT,
-            **_NEEDS_HABANA,
+            requires_module=HABANA_MODULE,
+            install=HABANA_INSTALL,
         )
 
 
@@ -77,7 +81,8 @@ def register_accelerators(registry: Registry) -> None:
         "hpu",
         "stratagem_hpu.accelerator:HPUAccelerator",
         description="Intel Gaudi cards through Habana's PyTorch bridge (habana_frameworks).",
-        **_NEEDS_HABANA,
+        requires_module=HABANA_MODULE,
+        install=HABANA_INSTALL,
     )
 
 
@@ -87,5 +92,6 @@ def register_precisions(registry: Registry) -> None:
         "fp8",
         "stratagem_hpu.precision:HPUFP8Precision",
         description="fp8 on Gaudi2 and later through Habana's transformer engine (nn.Linear layers swapped).",
-        **_NEEDS_HABANA,
+        requires_module=HABANA_MODULE,
+        install=HABANA_INSTALL,
     )

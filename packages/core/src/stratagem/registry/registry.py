@@ -36,14 +36,16 @@ class Registration:
     override: bool
     entry_point: str = BUILTIN_ENTRY_POINT
     install: str | None = None
-    """How to get what ``requires`` or ``requires_module`` names, where ``pip install '<requires>'`` is not how
-    (not on PyPI, or only together with a particular torch)."""
+    """How to get what pip cannot install: the ``requires_module`` where one is declared (``requires`` then gets
+    the pip command), else ``requires`` (not on PyPI, or only together with a particular torch)."""
     requires_module: str | None = None
 
     def missing_requirement(self) -> str | None:
         """Why what this name declares it needs (``requires``, ``requires_module``) is missing here, with how to
         get it, or ``None``. Cheap: reads package metadata and the import path, imports nothing."""
-        return requirement_problem(self.requires, self.install) or module_problem(self.requires_module, self.install)
+        if self.requires_module is None:
+            return requirement_problem(self.requires, self.install)
+        return requirement_problem(self.requires) or module_problem(self.requires_module, self.install)
 
     @property
     def target_path(self) -> str:
@@ -166,12 +168,13 @@ class Registry:
     ) -> None:
         """Record ``name``. ``target`` is a class, a factory, or a lazy ``"module:attr"`` string.
 
-        ``requires`` is a PEP 508 requirement the target needs (checked when used, not now), and
-        ``install`` how to get it where that is not ``pip install '<requires>'`` (a command, or where
-        its vendor's instructions are): users are told it instead of a pip command that cannot work;
-        ``requires_module`` is a top-level module the target needs that no pip distribution provides (a
-        vendor's bridge such as Habana's ``habana_frameworks``): it is looked up on the import path with
-        ``importlib.util.find_spec``, which does not run it, so even a plain listing can say it is missing;
+        ``requires`` is a PEP 508 requirement the target needs (checked when used, not now);
+        ``requires_module`` a top-level module it needs that no pip distribution provides (a vendor's
+        bridge such as Habana's ``habana_frameworks``), looked up on the import path with
+        ``importlib.util.find_spec``, which does not run it, so that even a plain listing can say it is
+        missing; ``install`` how to get the module, or without one the requirement, where that is not
+        ``pip install '<requires>'`` (a command, or where its vendor's instructions are): users are told it
+        instead of a pip command that cannot work;
         ``defaults`` are options this name passes to the target (what makes an alias).
         Registering a name another distribution registered is an error naming both, unless
         one of the two passes ``override=True``.
