@@ -102,3 +102,19 @@ def test_with_habanas_software_the_accelerator_reports_cards_name_and_memory():
     assert {"Limit", "InUse", "MaxInUse", "NumAllocs"} <= set(accelerator.memory_stats())
     with pytest.raises(ValueError, match="asks for 3 hpu device"):
         accelerator.parse_devices(3)
+
+
+def test_the_demo_without_habanas_software_says_what_is_missing_instead_of_a_traceback():
+    completed = subprocess.run(
+        [sys.executable, "-m", "stratagem.cli.main", "demo", "--strategy", "hpu_parallel", "--devices", "2"],
+        env=_without_standin(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert completed.returncode == 2, completed.stderr
+    assert completed.stderr.startswith(
+        "stratagem demo: The strategy 'hpu_parallel' (from stratagem-hpu) needs the module"
+    )
+    assert availability.HABANA_INSTALL_DOCS in completed.stderr
+    assert "Traceback" not in completed.stderr
