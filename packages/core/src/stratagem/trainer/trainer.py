@@ -334,6 +334,7 @@ class Trainer:
         if not isinstance(weights_only, bool):
             raise TypeError(f"weights_only={weights_only!r} is not valid; expected True or False.")
         planned = self._plan_strategy(module) if stage == "fit" and self._auto_request is not None else None
+        self.strategy.check_run(stage)
         checkpoint = resolve_ckpt_path(self, ckpt_path, stage)
         loaders = [as_loader_list(value, name) for value, name in zip(dataloaders, _ARGUMENT_NAMES[stage])]
         if self.settings.use_distributed_sampler and self.strategy.distributed_sampler_kwargs is not None:
