@@ -181,7 +181,7 @@ class Trainer:
     def progress_bar_metrics(self) -> dict[str, float]:
         """``loss`` and the metrics logged with ``prog_bar=True``, as floats (reading them syncs the device)."""
         last_loss = self._context.last_loss
-        metrics = {"loss": float(last_loss)} if last_loss is not None else {}
+        metrics = {"loss": float(last_loss.detach())} if last_loss is not None else {}
         metrics.update(self._context.metrics.progress_bar_metrics())
         return metrics
 
