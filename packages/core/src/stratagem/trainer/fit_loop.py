@@ -266,7 +266,7 @@ class FitLoop:
     ) -> tuple[Any, bool]:
         strategy = self.strategy
         output = strategy.run_step("training_step", batch, batch_idx)
-        loss = _loss_of(output)
+        loss = output if type(output) is torch.Tensor else _loss_of(output)
         if loss is None:
             return output, False
         # Kept as returned (a detach per step costs more than the rest of this method); read as a float only.
