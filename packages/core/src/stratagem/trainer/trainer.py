@@ -363,7 +363,7 @@ class Trainer:
         request, self._auto_request = self._auto_request, None
         assert request is not None
         default = auto_strategy_name(self.strategy.world_size)
-        name, reason = choose_strategy(module, request, default)
+        name, reason = choose_strategy(module, request, default, device=self.strategy.root_device)
         if name != default:
             settings = self.strategy.loop_settings
             self.strategy = resolve(strategy=name, **request.resolve_kwargs())
