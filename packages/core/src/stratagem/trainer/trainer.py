@@ -181,7 +181,7 @@ class Trainer:
     def progress_bar_metrics(self) -> dict[str, float]:
         """``loss`` and the metrics logged with ``prog_bar=True``, as floats (reading them syncs the device)."""
         last_loss = self._context.last_loss
-        metrics = {"loss": float(last_loss)} if last_loss is not None else {}
+        metrics = {"loss": float(last_loss.detach())} if last_loss is not None else {}
         metrics.update(self._context.metrics.progress_bar_metrics())
         return metrics
 
@@ -364,7 +364,7 @@ class Trainer:
         request, self._auto_request = self._auto_request, None
         assert request is not None
         default = auto_strategy_name(self.strategy.world_size)
-        name, reason = choose_strategy(module, request, default)
+        name, reason = choose_strategy(module, request, default, device=self.strategy.root_device)
         if name != default:
             settings = self.strategy.loop_settings
             self.strategy = resolve(strategy=name, **request.resolve_kwargs())
