@@ -122,9 +122,7 @@ def test_off_the_cpu_the_buckets_keep_lightnings_default_and_given_ones_stay():
 def test_the_strategy_leaves_unset_buckets_out_of_its_config_until_it_knows_the_model():
     strategy = stratagem.resolve(accelerator="cpu", strategy=DeepSpeedStrategy(stage=3), devices=2)
     assert "reduce_bucket_size" not in strategy.config["zero_optimization"]
-    given = stratagem.resolve(
-        accelerator="cpu", strategy=DeepSpeedStrategy(stage=3, reduce_bucket_size=5e6), devices=2
-    )
+    given = stratagem.resolve(accelerator="cpu", strategy=DeepSpeedStrategy(stage=3, reduce_bucket_size=5e6), devices=2)
     assert given.config["zero_optimization"]["reduce_bucket_size"] == 5_000_000
 
 
