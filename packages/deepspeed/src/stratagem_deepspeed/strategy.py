@@ -71,8 +71,8 @@ class DeepSpeedStrategy(ParallelStrategy, OwnsAccumulation):
         offload_params_device, offload_optimizer_device: ``"cpu"`` or ``"nvme"``.
         nvme_path: directory for NVMe offload files (needs DeepSpeed's async_io op, i.e. libaio).
         allgather_bucket_size, reduce_bucket_size: communication bucket sizes, in elements. Left out (and
-            with them ZeRO-3's prefetch, reuse and live-parameter windows, and for NVMe optimizer offload
-            ``sub_group_size``, when the config does not set them), they are 200M on GPUs and sized to the
+            with them ZeRO-3's prefetch, reuse and live-parameter windows and its ``sub_group_size``, when
+            the config does not set them), they are 200M on GPUs and sized to the
             model's largest parameter on the CPU, where every buffer is host memory of each process (see
             ``stratagem_deepspeed.buffer_sizes``).
         cpu_checkpointing: move checkpointed activations to CPU (not on accelerator="cpu").
@@ -204,7 +204,8 @@ class DeepSpeedStrategy(ParallelStrategy, OwnsAccumulation):
         )
         config = self._lightning.apply_loss_scaling(config, self.precision.name)
         if self.accelerator.device_type != "cpu":
-            config = config if self.user_config is not None else gpu_sizes(config)
+            if self.user_config is None:
+                config = gpu_sizes(config)
         elif self._largest_parameter is not None:
             config = fitted_sizes(config, self._largest_parameter)
         self._config = config
