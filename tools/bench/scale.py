@@ -28,6 +28,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -43,6 +44,7 @@ SEQUENCE = 32
 VOCAB = 8192
 BATCH = 1
 RUN_PY = Path(__file__).resolve().parent / "run.py"
+NVME_PATH = "/tmp/scale-nvme"
 
 
 class Decoder(stratagem.Module):
@@ -120,12 +122,18 @@ class _Record(stratagem.callbacks.Callback):
         trainer.save_checkpoint(self.checkpoint)
 
 
-def _strategy(name: str) -> Any:
-    """Names as registered, except that fsdp gets one unit per decoder block (its default shards only the root)."""
+def _strategy(name: str, nvme_path: str = NVME_PATH) -> Any:
+    """Names as registered, except that fsdp gets one unit per decoder block (its default shards only the root)
+    and NVMe offload swaps to ``nvme_path``."""
     if name.startswith("fsdp"):
         from stratagem_fsdp import FSDPStrategy
 
         return FSDPStrategy(auto_wrap_policy={nn.TransformerEncoderLayer}, cpu_offload=name == "fsdp_cpu_offload")
+    if name.endswith("_nvme"):
+        from stratagem_deepspeed import DeepSpeedStrategy
+        from stratagem_deepspeed.registration import STRATEGY_ALIASES
+
+        return DeepSpeedStrategy(**STRATEGY_ALIASES[name][0], nvme_path=nvme_path)
     return name
 
 
@@ -133,11 +141,17 @@ def _worker(args: argparse.Namespace) -> int:
     """Runs in every rank (the launcher re-executes this command line)."""
     out = Path(args.out)
     module = Decoder(args.width, args.layers)
-    common = {"accelerator": "cpu", "devices": 2, "logger": False, "enable_progress_bar": False}
+    common = {
+        "accelerator": "cpu",
+        "devices": 2,
+        "logger": False,
+        "enable_progress_bar": False,
+        "precision": args.precision,
+    }
     if args.stage == "fit":
         record = _Record(str(out / "checkpoint"))
         trainer = stratagem.Trainer(
-            strategy=_strategy(args.strategy),
+            strategy=_strategy(args.strategy, args.nvme_path),
             max_steps=3,
             enable_checkpointing=False,
             num_sanity_val_steps=0,
@@ -149,7 +163,9 @@ def _worker(args: argparse.Namespace) -> int:
         steps = [later - earlier for earlier, later in zip(record.step_ends, record.step_ends[1:])]
         result = {"loss": loss, "seconds_per_step": sum(steps) / len(steps) if steps else math.nan}
     else:
-        trainer = stratagem.Trainer(strategy=_strategy(args.strategy), enable_checkpointing=False, **common)
+        trainer = stratagem.Trainer(
+            strategy=_strategy(args.strategy, args.nvme_path), enable_checkpointing=False, **common
+        )
         [metrics] = trainer.validate(module, _data()[:2], ckpt_path=str(out / "checkpoint"))
         result = {"loss": metrics["val_loss"]}
     result["peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
@@ -193,6 +209,40 @@ class MemoryCap:
             pass
 
 
+def _disk_bytes(directories: list[Path]) -> int:
+    """Blocks allocated under ``directories`` (swap files may be sparse), in bytes."""
+    total = 0
+    for directory in directories:
+        for path in directory.rglob("*") if directory.is_dir() else ():
+            try:
+                total += path.lstat().st_blocks * 512 if path.is_file() else 0
+            except OSError:
+                pass
+    return total
+
+
+class DiskPeak:
+    """The largest disk use seen under some directories, sampled every second while a probe runs."""
+
+    def __init__(self, directories: list[Path]) -> None:
+        self.directories, self.peak = directories, 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def _sample(self) -> None:
+        while not self._stop.wait(1.0):
+            self.peak = max(self.peak, _disk_bytes(self.directories))
+
+    def __enter__(self) -> DiskPeak:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, _disk_bytes(self.directories))
+
+
 def _run_capped(cap: MemoryCap, argv: list[str], timeout: float) -> tuple[int, float]:
     start = time.perf_counter()
     environment = {**os.environ, "MALLOC_ARENA_MAX": "2", "DS_ACCELERATOR": "cpu"}
@@ -213,11 +263,22 @@ def _run_capped(cap: MemoryCap, argv: list[str], timeout: float) -> tuple[int, f
     return code, time.perf_counter() - start
 
 
-def probe(strategy: str, width: int, layers: int, cap_gib: float, validate_with: str, timeout: float) -> dict[str, Any]:
+def probe(
+    strategy: str,
+    width: int,
+    layers: int,
+    cap_gib: float,
+    validate_with: str,
+    timeout: float,
+    precision: str = "32-true",
+    nvme_path: str = NVME_PATH,
+) -> dict[str, Any]:
     from stratagem.planning import plan
 
     parameters = parameters_of(width, layers)
-    planned = plan(Decoder(width, layers), [_strategy(strategy)], accelerator="cpu", devices=2)
+    planned = plan(
+        Decoder(width, layers), [_strategy(strategy, nvme_path)], accelerator="cpu", devices=2, precision=precision
+    )
     candidate = planned.candidates[0]
     out = Path(tempfile.mkdtemp(prefix="stratagem_scale_"))
     cap = MemoryCap(f"stratagem_scale_{os.getpid()}", int(cap_gib * 1024**3))
@@ -227,13 +288,20 @@ def probe(strategy: str, width: int, layers: int, cap_gib: float, validate_with:
         "layers": layers,
         "parameters": parameters,
         "cap_gib": cap_gib,
+        "precision": precision,
         "estimate_per_rank_bytes": candidate.memory_per_rank,
+        "estimate_disk_bytes": candidate.estimate.disk_bytes * 2 if candidate.estimate else 0,
     }
+    swap = Path(nvme_path)
     try:
-        shape = ["--width", str(width), "--layers", str(layers), "--out", str(out)]
-        code, seconds = _run_capped(cap, ["_worker", "fit", "--strategy", strategy, *shape], timeout)
+        shape = ["--width", str(width), "--layers", str(layers), "--out", str(out), "--precision", precision]
+        shape += ["--nvme-path", nvme_path]
+        with DiskPeak([out, swap]) as disk:
+            code, seconds = _run_capped(cap, ["_worker", "fit", "--strategy", strategy, *shape], timeout)
         fit = [json.loads(path.read_text()) for path in sorted(out.glob("fit.rank*.json"))]
-        result.update(fit_exit=code, fit_seconds=round(seconds, 1), cap_peak_bytes=cap.peak())
+        result.update(
+            fit_exit=code, fit_seconds=round(seconds, 1), cap_peak_bytes=cap.peak(), disk_peak_bytes=disk.peak
+        )
         if code != 0 or len(fit) != 2:
             result["passed"] = False
             result["failure"] = "out of memory (killed in the cap)" if code in (-9, 137) else f"exit {code}"
@@ -263,6 +331,7 @@ def probe(strategy: str, width: int, layers: int, cap_gib: float, validate_with:
     finally:
         cap.remove()
         shutil.rmtree(out, ignore_errors=True)
+        shutil.rmtree(swap / "zero_stage_3", ignore_errors=True)
 
 
 def _print(result: dict[str, Any]) -> None:
@@ -276,7 +345,8 @@ def _print(result: dict[str, Any]) -> None:
         f"{'PASS' if result.get('passed') else 'FAIL':4}  "
         f"rss/rank {' '.join(f'{peak / gib:.2f}' for peak in peaks) or '-':>11} GiB  "
         f"cap peak {result.get('cap_peak_bytes', 0) / gib:5.2f} GiB  "
-        f"disk {result.get('checkpoint_bytes', 0) / gib:5.2f} GiB  "
+        f"checkpoint {result.get('checkpoint_bytes', 0) / gib:5.2f} GiB  "
+        f"disk peak {result.get('disk_peak_bytes', 0) / gib:5.2f} GiB  "
         f"{result.get('seconds_per_step', math.nan):6.1f} s/step  "
         f"estimate/rank {estimate / gib:5.2f} GiB ({error})  {result.get('failure', '')}",
         flush=True,
@@ -292,6 +362,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--width", type=int, default=1024)
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--cap-gib", type=float, default=10.0)
+    parser.add_argument("--precision", default="32-true", help="the Trainer's precision, e.g. bf16-mixed")
+    parser.add_argument("--nvme-path", default=NVME_PATH, help="where NVMe offload swaps (emptied after each probe)")
     parser.add_argument("--validate-with", default=None, help="default: fsdp, or ddp for fsdp strategies")
     parser.add_argument("--timeout", type=float, default=1200.0, help="seconds per probe stage")
     parser.add_argument("--json", default=None, help="append every probe's result to this JSON-lines file")
@@ -302,14 +374,19 @@ def main(argv: list[str] | None = None) -> int:
 
     def run_one(strategy: str, layers: int) -> dict[str, Any]:
         validate_with = args.validate_with or ("ddp" if strategy.startswith("fsdp") else "fsdp")
-        result = probe(strategy, args.width, layers, args.cap_gib, validate_with, args.timeout)
+        result = probe(
+            strategy, args.width, layers, args.cap_gib, validate_with, args.timeout, args.precision, args.nvme_path
+        )
         _print(result)
         if args.json:
             with open(args.json, "a") as stream:
                 stream.write(json.dumps(result) + "\n")
         return result
 
-    print(f"cap {args.cap_gib} GiB per probe (both ranks together), nice 10, width {args.width}, seq {SEQUENCE}")
+    print(
+        f"cap {args.cap_gib} GiB per probe (both ranks together), nice 10, width {args.width}, seq {SEQUENCE}, "
+        f"precision {args.precision}"
+    )
     if args.mode == "probe":
         return 0 if run_one(args.strategy, args.layers).get("passed") else 1
     for strategy in args.strategies.split(","):

@@ -98,6 +98,25 @@ def test_the_reader_gathers_the_optimizer_state_as_a_plain_torch_state_dict(save
                 torch.testing.assert_close(state["state"][index][key], value, atol=1e-6, rtol=0)
 
 
+def test_a_stage_3_checkpoint_stepped_in_sub_groups_gathers_its_optimizer_state(workers, tmp_path):
+    from stratagem.checkpoint_io import load_torch_file
+    from stratagem_deepspeed.shards import deepspeed_checkpoint_globals
+
+    path = tmp_path / "sub_groups"
+    workers.run(train_and_save, {"stage": 3, "sub_group_size": 16}, STEPS, str(path))
+    model_states = sorted(path.glob("*/*model_states.pt"))[0]
+    shapes = load_torch_file(model_states, safe_globals=deepspeed_checkpoint_globals())["param_shapes"]
+    assert len(shapes) > 1
+    model, optimizer = reference_setup()
+    reference_train(model, optimizer, STEPS)
+    expected = optimizer.state_dict()
+    [state] = read_full_checkpoint(path, TorchCheckpointIO())["optimizers"]
+    assert state["param_groups"][0]["params"] == expected["param_groups"][0]["params"]
+    for index, per_parameter in expected["state"].items():
+        for key, value in per_parameter.items():
+            torch.testing.assert_close(state["state"][index][key], value, atol=1e-6, rtol=0)
+
+
 def test_single_device_resumes_a_stage_3_checkpoint_with_its_optimizer_state(saved):
     path, _ = saved["deepspeed_stage_3"]
     strategy = stratagem.resolve(strategy="single_device", accelerator="cpu", devices=1)

@@ -5,6 +5,13 @@ from torch import nn
 import stratagem
 from stratagem.planning import model_footprint
 from stratagem_deepspeed import DeepSpeedStrategy
+from stratagem_deepspeed.buffer_sizes import (
+    GPU_BUCKET_ELEMENTS,
+    MIN_CPU_BUCKET_ELEMENTS,
+    cpu_bucket_elements,
+    fitted_sizes,
+    gpu_sizes,
+)
 
 
 class Stack(nn.Module):
@@ -17,31 +24,131 @@ class Stack(nn.Module):
         return self.blocks(x)
 
 
+class WideStack(stratagem.Module):
+    """134M parameters, built only on the meta device by the planner (configure_model)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks: nn.Sequential | None = None
+
+    def configure_model(self) -> None:
+        self.blocks = nn.Sequential(*[nn.Linear(4096, 4096) for _ in range(8)])
+
+    def forward(self, x):
+        return self.blocks(x)
+
+    def configure_optimizers(self):
+        return torch.optim.AdamW(self.parameters())
+
+
+WIDE_ELEMENTS = 8 * (4096 * 4096 + 4096)
+WIDE_LARGEST_PARAMETER = 4096 * 4096
+WIDE_BLOCK = 4096 * 4096 + 4096
+
+
 @pytest.fixture(scope="module")
 def footprint():
     return model_footprint(Stack())[0]
 
 
-def _estimate(footprint, **options):
-    strategy = stratagem.resolve(accelerator="cpu", strategy=DeepSpeedStrategy(**options), devices=2)
+@pytest.fixture(scope="module")
+def wide():
+    return model_footprint(WideStack())[0]
+
+
+def _estimate(footprint, precision="32-true", **options):
+    strategy = stratagem.resolve(
+        accelerator="cpu", strategy=DeepSpeedStrategy(**options), devices=2, precision=precision
+    )
     return strategy.estimate_memory(footprint)
 
 
-def test_each_zero_stage_holds_less_per_rank_than_the_one_before(footprint):
-    held = [_estimate(footprint, stage=stage).device_bytes for stage in (1, 2, 3)]
+def test_each_zero_stage_holds_less_per_rank_than_the_one_before(wide):
+    held = [_estimate(wide, stage=stage).device_bytes for stage in (1, 2, 3)]
     assert held[0] > held[1] > held[2]
 
 
-def test_stage_3_holds_a_parameter_shard_plus_the_gathered_blocks(footprint):
-    estimate = _estimate(footprint, stage=3)
-    elements = footprint.parameters
-    trainable_bytes = footprint.gradient_bytes
-    gathered = 2 * footprint.largest_unit_bytes
-    bucket = elements * 4  # the reduce bucket (200M elements) is larger than this model
-    expected = (
-        footprint.parameter_bytes / 2 + gathered + trainable_bytes / 2 * (1 + 2) + trainable_bytes / 2 + bucket
-    ) + footprint.activation_bytes
-    assert estimate.device_bytes == int(expected)
+def test_stage_3_on_the_cpu_counts_its_shards_and_the_buffers_sized_to_the_largest_parameter(wide):
+    estimate = _estimate(wide, stage=3)
+    bucket = WIDE_LARGEST_PARAMETER  # between the CPU's smallest bucket and the GPU default
+    shard = WIDE_ELEMENTS * 4 / 2
+    parameters, master, gradients, adam = shard, shard, shard, 2 * shard
+    # At least two blocks gathered (here a little more than stage3_max_live_parameters, two buckets).
+    gathered = 2 * WIDE_BLOCK * 4
+    adam_step_temporaries = 2 * bucket * 4  # one sub-group (a bucket) at a time, one temporary per state
+    reduce_bucket = bucket * 4
+    expected = parameters + master + gradients + adam + gathered + adam_step_temporaries + reduce_bucket
+    assert estimate.device_bytes == int(expected + wide.activation_bytes)
+
+
+def test_the_reduce_bucket_is_counted_whole_even_when_the_model_is_smaller(footprint):
+    small_bucket = _estimate(footprint, stage=2, reduce_bucket_size=1_000_000).device_bytes
+    large_bucket = _estimate(footprint, stage=2, reduce_bucket_size=100_000_000).device_bytes
+    assert footprint.parameters < 100_000_000
+    assert large_bucket - small_bucket == 99_000_000 * 4
+
+
+def test_cpu_sizes_follow_the_largest_parameter_between_a_floor_and_the_gpu_default():
+    assert cpu_bucket_elements(1_000) == MIN_CPU_BUCKET_ELEMENTS
+    assert cpu_bucket_elements(30_000_000) == 30_000_000
+    assert cpu_bucket_elements(10**10) == GPU_BUCKET_ELEMENTS
+    zero = fitted_sizes({"zero_optimization": {"stage": 3}}, 30_000_000)["zero_optimization"]
+    assert zero == {
+        "stage": 3,
+        "reduce_bucket_size": 30_000_000,
+        "allgather_bucket_size": 30_000_000,
+        "stage3_prefetch_bucket_size": 30_000_000,
+        "stage3_max_reuse_distance": 30_000_000,
+        "stage3_max_live_parameters": 60_000_000,
+        "sub_group_size": 30_000_000,
+    }
+
+
+def test_sizes_the_config_sets_are_kept_and_stages_below_3_get_no_sub_groups():
+    config = {"zero_optimization": {"stage": 2, "reduce_bucket_size": 123, "stage3_max_live_parameters": 7}}
+    zero = fitted_sizes(config, 30_000_000)["zero_optimization"]
+    assert zero["reduce_bucket_size"] == 123
+    assert zero["stage3_max_live_parameters"] == 7
+    assert zero["allgather_bucket_size"] == 30_000_000
+    assert "sub_group_size" not in zero
+    assert config["zero_optimization"] == {"stage": 2, "reduce_bucket_size": 123, "stage3_max_live_parameters": 7}
+
+
+def test_off_the_cpu_the_buckets_keep_lightnings_default_and_given_ones_stay():
+    zero = gpu_sizes({"zero_optimization": {"stage": 3, "reduce_bucket_size": 5}})["zero_optimization"]
+    assert zero == {"stage": 3, "reduce_bucket_size": 5, "allgather_bucket_size": GPU_BUCKET_ELEMENTS}
+
+
+def test_the_strategy_leaves_unset_buckets_out_of_its_config_until_it_knows_the_model():
+    strategy = stratagem.resolve(accelerator="cpu", strategy=DeepSpeedStrategy(stage=3), devices=2)
+    assert "reduce_bucket_size" not in strategy.config["zero_optimization"]
+    given = stratagem.resolve(accelerator="cpu", strategy=DeepSpeedStrategy(stage=3, reduce_bucket_size=5e6), devices=2)
+    assert given.config["zero_optimization"]["reduce_bucket_size"] == 5_000_000
+
+
+def test_nvme_offload_counts_page_locked_swap_buffers_in_host_memory_and_the_states_on_disk(wide, tmp_path):
+    estimate = _estimate(
+        wide,
+        precision="bf16-mixed",
+        stage=3,
+        offload_optimizer=True,
+        offload_parameters=True,
+        offload_optimizer_device="nvme",
+        offload_params_device="nvme",
+        nvme_path=str(tmp_path),
+    )
+    bucket = WIDE_LARGEST_PARAMETER
+    shard = WIDE_ELEMENTS / 2
+    parameter_swap_buffers = 5 * 100_000_000 * 2  # DeepSpeed's defaults, in bf16
+    optimizer_swap_buffers = 4 * bucket * 4  # buffer_count x the sub-group, fp32
+    adam_step_temporaries = 2 * bucket * 4
+    parameters_kept_in_host = shard * 2  # below max_in_cpu (1e9), DeepSpeed keeps them in host memory too
+    gradients = shard * 2 + shard * 4  # bf16, and the fp32 partition the optimizer steps
+    assert estimate.host_bytes == int(
+        parameters_kept_in_host + parameter_swap_buffers + optimizer_swap_buffers + adam_step_temporaries + gradients
+    )
+    assert estimate.disk_bytes == int(shard * 4 * 3)  # fp32 master weights and AdamW's two states
+    assert estimate.device_bytes == int(2 * WIDE_BLOCK * 2 + bucket * 2 + wide.activation_bytes)
 
 
 def test_offloading_moves_the_optimizer_state_and_then_the_parameters_to_host_memory(footprint):
@@ -64,15 +171,15 @@ def test_bf16_halves_the_parameters_but_adds_fp32_master_gradients(footprint):
     assert bf16_estimate.device_bytes < fp32_estimate.device_bytes
 
 
-def test_auto_chooses_zero_3_when_only_zero_3_fits_and_says_what_stage_2_would_need(footprint, monkeypatch):
+def test_auto_chooses_zero_3_when_only_zero_3_fits_and_says_what_stage_2_would_need(wide, monkeypatch):
     from stratagem.planning import Resources
     from stratagem.planning.auto import AutoRequest, choose_strategy
 
-    stage_3 = _estimate(footprint, stage=3).device_bytes
+    stage_3 = _estimate(wide, stage=3).device_bytes
     room = Resources(host_memory_bytes=int(2 * stage_3 / 0.85) + 1024, device_memory_bytes=None, disk_bytes=2**40)
     monkeypatch.setattr("stratagem.planning.planner.visible_resources", lambda *_: room)
     monkeypatch.delenv("STRATAGEM_AUTO_STRATEGY", raising=False)
-    name, reason = choose_strategy(Stack(), AutoRequest("cpu", 2, 1, None, None), "deepspeed_stage_2")
+    name, reason = choose_strategy(WideStack(), AutoRequest("cpu", 2, 1, None, None), "deepspeed_stage_2")
     assert name == "deepspeed_stage_3"
     assert reason is not None
     assert reason.startswith("auto → deepspeed_stage_3: ")

@@ -48,8 +48,8 @@ class ZeroOptions:
     offload_optimizer_device: Device = "cpu"
     offload_params_device: Device = "cpu"
     nvme_path: str = "/local_nvme"
-    allgather_bucket_size: int = 200_000_000
-    reduce_bucket_size: int = 200_000_000
+    allgather_bucket_size: int | None = None
+    reduce_bucket_size: int | None = None
     contiguous_gradients: bool = True
     overlap_comm: bool = True
     partition_activations: bool = False
@@ -73,17 +73,25 @@ class ZeroOptions:
             )
         for option in ("allgather_bucket_size", "reduce_bucket_size"):
             value = getattr(self, option)
+            if value is None:
+                continue
             if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-                raise ValueError(f"DeepSpeedStrategy({option}={value!r}) is not valid; expected a positive number.")
+                raise ValueError(
+                    f"DeepSpeedStrategy({option}={value!r}) is not valid; expected a positive number, or None to "
+                    "size it to the model on the CPU (200M elements elsewhere)."
+                )
 
     def to_config(self) -> dict[str, Any]:
         zero: dict[str, Any] = {
             "stage": self.stage,
             "contiguous_gradients": self.contiguous_gradients,
             "overlap_comm": self.overlap_comm,
-            "allgather_bucket_size": int(self.allgather_bucket_size),
-            "reduce_bucket_size": int(self.reduce_bucket_size),
         }
+        # Left out when not given: the strategy sizes them once it knows the device and the model.
+        for option in ("allgather_bucket_size", "reduce_bucket_size"):
+            value = getattr(self, option)
+            if value is not None:
+                zero[option] = int(value)
         if self.offload_optimizer:
             zero["offload_optimizer"] = {"device": self.offload_optimizer_device, "nvme_path": self.nvme_path}
         if self.offload_parameters:

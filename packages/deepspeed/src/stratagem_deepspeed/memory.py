@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from stratagem.strategies import MemoryEstimate, ModelFootprint
+from stratagem_deepspeed.buffer_sizes import DEEPSPEED_SUB_GROUP_ELEMENTS
 from stratagem_deepspeed.config import offload_devices, zero_stage
 
 STEP_TIME_BY_STAGE = {0: 1.0, 1: 1.1, 2: 1.15, 3: 1.3}
@@ -14,14 +15,27 @@ OFFLOADED_OPTIMIZER_STEP_TIME = 2.0
 OFFLOADED_PARAMETERS_STEP_TIME = 2.5
 NVME_STEP_TIME = 4.0
 DEFAULT_BUCKET_ELEMENTS = 500_000_000
-"""DeepSpeed's defaults for ``reduce_bucket_size`` and the NVMe parameter buffers."""
+"""DeepSpeed's default ``reduce_bucket_size`` (a config without one gets it)."""
+DEFAULT_MAX_LIVE_PARAMETERS = 1_000_000_000
+"""DeepSpeed's default ``stage3_max_live_parameters``."""
+DEFAULT_PARAMETER_SWAP_BUFFERS = (5, 100_000_000)
+"""DeepSpeed's default ``offload_param`` ``buffer_count`` and ``buffer_size`` (elements)."""
+DEFAULT_OPTIMIZER_SWAP_BUFFERS = 4
+"""DeepSpeed's default ``offload_optimizer`` ``buffer_count``."""
+DEFAULT_MAX_IN_CPU = 1_000_000_000
+"""DeepSpeed's default ``offload_param.max_in_cpu``: NVMe-offloaded parameters it keeps in host memory anyway."""
 FP32_BYTES = 4
 
 
 def deepspeed_estimate(footprint: ModelFootprint, config: Mapping[str, Any], world_size: int) -> MemoryEstimate:
     """ZeRO keeps its own fp32 copy of the parameters for the optimizer (stage 1 and up); stage 1 shards that
-    copy and the optimizer state, stage 2 also the gradients, stage 3 also the parameters (gathering the
-    largest blocks while they compute). Offloaded parts live in host memory, or on disk for ``nvme``."""
+    copy and the optimizer state, stage 2 also the gradients, stage 3 also the parameters (gathering blocks
+    while they compute). Offloaded parts live in host memory, or on disk for ``nvme``.
+
+    Besides the states it counts the buffers DeepSpeed allocates whole whatever the model: the reduce bucket,
+    the gathered-parameter window of stage 3, the temporaries of the optimizer's step over a partition (a torch
+    Adam makes one per state), and the page-locked swap buffers of NVMe offload.
+    """
     stage = zero_stage(config)
     zero = config.get("zero_optimization", {})
     offloads = offload_devices(config)
@@ -36,25 +50,47 @@ def deepspeed_estimate(footprint: ModelFootprint, config: Mapping[str, Any], wor
         return total / world if stage >= from_stage else total
 
     parameters = shard(elements * element_bytes, 3)
-    gathered = 2 * footprint.largest_unit_bytes / max(1, footprint.parameter_bytes) * elements * element_bytes
-    working_parameters = parameters + (gathered if stage == 3 and world > 1 else 0)
+    largest_unit = footprint.largest_unit_bytes / max(1, footprint.parameter_bytes) * elements
+    live = min(
+        elements, max(2 * largest_unit, int(zero.get("stage3_max_live_parameters", DEFAULT_MAX_LIVE_PARAMETERS)))
+    )
+    gathered = live * element_bytes if stage == 3 and world > 1 else 0
     master = shard(trainable * FP32_BYTES, 1) if stage >= 1 or bf16 else 0
     optimizer_state = shard(trainable * FP32_BYTES * states_per_element, 1)
+    # Stage 3 steps its partition one sub-group at a time; stages 1-2 step it whole.
+    sub_group = shard(trainable, 1)
+    if stage == 3:
+        sub_group = min(sub_group, int(zero.get("sub_group_size", DEEPSPEED_SUB_GROUP_ELEMENTS)))
+    step_temporaries = sub_group * FP32_BYTES * states_per_element if stage >= 1 else 0
     # The optimizer steps an fp32 gradient partition: a separate buffer in bf16, and a flattened copy at stages 1-2.
     fp32_gradients = shard(trainable * FP32_BYTES, 2) if bf16 or stage in (1, 2) else 0
     gradients = shard(trainable * element_bytes, 2) + fp32_gradients
-    bucket_elements = min(elements, int(zero.get("reduce_bucket_size", DEFAULT_BUCKET_ELEMENTS)))
-    buckets = bucket_elements * element_bytes if stage >= 1 else 0
+    # Allocated whole up front, however small the model.
+    buckets = int(zero.get("reduce_bucket_size", DEFAULT_BUCKET_ELEMENTS)) * element_bytes if stage >= 1 else 0
 
     placed = {"device": 0.0, "cpu": 0.0, "nvme": 0.0}
-    placed[offloads.get("param", "device")] += parameters
-    placed["device"] += working_parameters - parameters
-    placed[offloads.get("optimizer", "device")] += master + optimizer_state
+    if offloads.get("param") == "nvme":
+        in_host = min(
+            parameters / element_bytes, int((zero.get("offload_param") or {}).get("max_in_cpu", DEFAULT_MAX_IN_CPU))
+        )
+        placed["cpu"] += in_host * element_bytes
+        placed["nvme"] += parameters - in_host * element_bytes
+        count, size = DEFAULT_PARAMETER_SWAP_BUFFERS
+        offload_param = zero.get("offload_param") or {}
+        swap_elements = int(offload_param.get("buffer_count", count)) * int(offload_param.get("buffer_size", size))
+        placed["cpu"] += swap_elements * element_bytes
+    else:
+        placed[offloads.get("param", "device")] += parameters
+    placed["device"] += gathered
+    optimizer_place = offloads.get("optimizer", "device")
+    placed[optimizer_place] += master + optimizer_state
+    step_place = "device" if optimizer_place == "device" else "cpu"
+    placed[step_place] += step_temporaries
+    if optimizer_place == "nvme":
+        count = int((zero.get("offload_optimizer") or {}).get("buffer_count", DEFAULT_OPTIMIZER_SWAP_BUFFERS))
+        placed["cpu"] += count * sub_group * FP32_BYTES
     placed["device" if "optimizer" not in offloads else "cpu"] += gradients
     placed["device"] += buckets + footprint.activation_bytes
-    if "nvme" in offloads.values():
-        # Swapping goes through pinned host buffers of the bucket size.
-        placed["cpu"] += bucket_elements * FP32_BYTES
     step_time = STEP_TIME_BY_STAGE.get(stage, 1.3)
     if "nvme" in offloads.values():
         step_time = NVME_STEP_TIME

@@ -73,6 +73,7 @@ def gather_optimizer_state(directory: Path, tag: str) -> dict[str, Any] | None:
     if int(shards[0]["zero_stage"]) == 3:
         per_parameter = _merge_stage_3(shards, groups)
         saved_groups = shards[0]["optimizer_state_dict"]["param_groups"]
+        groups = _join_sub_groups(groups, saved_groups)
     else:
         per_parameter = _merge_stages_1_2(shards, groups)
         saved_groups = shards[0]["base_optimizer_state"]["param_groups"]
@@ -89,6 +90,22 @@ def gather_optimizer_state(directory: Path, tag: str) -> dict[str, Any] | None:
         )
         index += len(shapes)
     return {"state": dict(enumerate(per_parameter)), "param_groups": param_groups}
+
+
+def _join_sub_groups(
+    groups: list[dict[str, torch.Size]], saved_groups: list[dict[str, Any]]
+) -> list[dict[str, torch.Size]]:
+    """Stage 3 records parameter shapes per sub-group (``sub_group_size``), and each optimizer group lists its
+    sub-groups' flat partitions as its ``params``, in the same order: the shapes of each optimizer group."""
+    counts = [len(saved["params"]) for saved in saved_groups]
+    if sum(counts) != len(groups):
+        return groups
+    joined = []
+    start = 0
+    for count in counts:
+        joined.append({name: shape for shapes in groups[start : start + count] for name, shape in shapes.items()})
+        start += count
+    return joined
 
 
 def _rank_of(path: Path) -> int:

@@ -31,6 +31,7 @@ from stratagem_deepspeed.activation_checkpointing import (
     check_activation_checkpointing,
     configure_activation_checkpointing,
 )
+from stratagem_deepspeed.buffer_sizes import fitted_sizes, gpu_sizes, largest_parameter_elements
 from stratagem_deepspeed.checkpoint_io import DeepSpeedCheckpointIO, read_state_file
 from stratagem_deepspeed.config import ZeroOptions, load_config, offload_devices, reconcile, zero_stage
 from stratagem_deepspeed.config_optimizer import check_optimizer_section
@@ -69,7 +70,11 @@ class DeepSpeedStrategy(ParallelStrategy, OwnsAccumulation):
             default: the process's device).
         offload_params_device, offload_optimizer_device: ``"cpu"`` or ``"nvme"``.
         nvme_path: directory for NVMe offload files (needs DeepSpeed's async_io op, i.e. libaio).
-        allgather_bucket_size, reduce_bucket_size: communication bucket sizes, in elements.
+        allgather_bucket_size, reduce_bucket_size: communication bucket sizes, in elements. Left out (and
+            with them ZeRO-3's prefetch, reuse and live-parameter windows and its ``sub_group_size``, when
+            the config does not set them), they are 200M on GPUs and sized to the
+            model's largest parameter on the CPU, where every buffer is host memory of each process (see
+            ``stratagem_deepspeed.buffer_sizes``).
         cpu_checkpointing: move checkpointed activations to CPU (not on accelerator="cpu").
         partition_activations: shard checkpointed activations across processes.
         contiguous_gradients, overlap_comm: DeepSpeed's ZeRO performance switches.
@@ -99,8 +104,8 @@ class DeepSpeedStrategy(ParallelStrategy, OwnsAccumulation):
         offload_params_device: Literal["cpu", "nvme"] = "cpu",
         offload_optimizer_device: Literal["cpu", "nvme"] = "cpu",
         nvme_path: str | os.PathLike[str] = "/local_nvme",
-        allgather_bucket_size: int | float = 200_000_000,
-        reduce_bucket_size: int | float = 200_000_000,
+        allgather_bucket_size: int | float | None = None,
+        reduce_bucket_size: int | float | None = None,
         cpu_checkpointing: bool = False,
         partition_activations: bool = False,
         contiguous_gradients: bool = True,
@@ -129,8 +134,8 @@ class DeepSpeedStrategy(ParallelStrategy, OwnsAccumulation):
             offload_optimizer_device=offload_optimizer_device,
             offload_params_device=offload_params_device,
             nvme_path=str(nvme_path),
-            allgather_bucket_size=int(allgather_bucket_size),
-            reduce_bucket_size=int(reduce_bucket_size),
+            allgather_bucket_size=None if allgather_bucket_size is None else int(allgather_bucket_size),
+            reduce_bucket_size=None if reduce_bucket_size is None else int(reduce_bucket_size),
             contiguous_gradients=contiguous_gradients,
             overlap_comm=overlap_comm,
             partition_activations=partition_activations,
@@ -144,6 +149,7 @@ class DeepSpeedStrategy(ParallelStrategy, OwnsAccumulation):
         self._engine: DeepSpeedEngine | None = None
         self._parameter_groups: list[list[nn.Parameter]] = []
         self._nvme_swappers: list[Any] = []
+        self._largest_parameter: int | None = None
 
     # -- wiring (calling process) -------------------------------------------------------------
 
@@ -196,7 +202,13 @@ class DeepSpeedStrategy(ParallelStrategy, OwnsAccumulation):
             micro_batch_size=micro_batch_size or self._lightning.logging_batch_size_per_gpu,
             world_size=self.num_processes * self.num_nodes,
         )
-        self._config = self._lightning.apply_loss_scaling(config, self.precision.name)
+        config = self._lightning.apply_loss_scaling(config, self.precision.name)
+        if self.accelerator.device_type != "cpu":
+            if self.user_config is None:
+                config = gpu_sizes(config)
+        elif self._largest_parameter is not None:
+            config = fitted_sizes(config, self._largest_parameter)
+        self._config = config
 
     @property
     def config(self) -> dict[str, Any]:
@@ -216,7 +228,15 @@ class DeepSpeedStrategy(ParallelStrategy, OwnsAccumulation):
         return zero_stage(self.config)
 
     def estimate_memory(self, footprint: ModelFootprint) -> MemoryEstimate:
-        return deepspeed_estimate(footprint, self.config, self.world_size)
+        config = self.config
+        if self.accelerator.device_type == "cpu":
+            if footprint.module is not None:
+                largest = largest_parameter_elements(footprint.module.parameters())
+            else:
+                # Without the module, the largest block bounds its largest parameter.
+                largest = footprint.largest_unit_bytes * footprint.parameters // max(1, footprint.parameter_bytes)
+            config = fitted_sizes(config, largest)
+        return deepspeed_estimate(footprint, config, self.world_size)
 
     @property
     def checkpoint_io(self) -> CheckpointIO:
@@ -296,6 +316,8 @@ class DeepSpeedStrategy(ParallelStrategy, OwnsAccumulation):
                 "to the DeepSpeed config."
             )
         client_optimizer = optimizers[0] if optimizers else None
+        self._largest_parameter = largest_parameter_elements(self.module.parameters())
+        self._reconcile()
         if client_optimizer is not None:
             self._warn_about_slow_offloaded_optimizer(client_optimizer)
             # DeepSpeed replaces the groups' parameters by flat partitions; a plain optimizer state
