@@ -4,6 +4,7 @@ validate, ``read_full_checkpoint``, ``stratagem consolidate``); consolidate neve
 
 import os
 import pickle
+import re
 import shutil
 
 import pytest
@@ -113,8 +114,6 @@ def _refused(entry, directory, tmp_path, capsys, message):
     if entry == "consolidate":
         output = tmp_path / "out.pt"
         assert main(["consolidate", str(directory), str(output)]) == 2
-        import re
-
         error = capsys.readouterr().err
         assert re.search(message, error), error
         assert not output.exists()
@@ -171,10 +170,6 @@ def _with_info(change):
         return {**shard, "shard_metadata": {**shard["shard_metadata"], "shard_info": {"": info}}}
 
     return changed
-
-
-def _first_key(shard):
-    return next(iter(shard["module_shard"]))
 
 
 def _longer(module_shard):
@@ -256,6 +251,14 @@ _CRAFTED = {
     "metadata of another world size": (
         _rewrite(1, lambda shard: {**shard, "shard_metadata": {**shard["shard_metadata"], "world_size": 3}}),
         r"rank-1-of-2\.pt' says world_size=3",
+    ),
+    "rank that is a tensor": (
+        _rewrite(1, lambda shard: {**shard, "shard_metadata": {**shard["shard_metadata"], "rank": torch.ones(2)}}),
+        r"rank-1-of-2\.pt' says rank=tensor",
+    ),
+    "size that is a tensor on one rank": (
+        _rewrite(1, _with_info(_sized(torch.ones(3)))),
+        r"rank-1-of-2\.pt': shard_info.*_orig_size'\] is tensor",
     ),
     "shards swapped": (_swapped, r"rank-0-of-2\.pt' says rank=1"),
     "one shard too long": (_rewrite(1, _with_module_shard(_longer)), r"rank-1-of-2\.pt': the shard .* same length"),

@@ -23,13 +23,14 @@ def checked_shards(
     """Every rank's ``module_shard`` (in rank order) and rank 0's ``shard_metadata``, once they are known to fit
     together; else a :class:`CheckpointError` naming the file and what is wrong with it."""
     world_size = len(files)
-    states = []
-    for rank, (shard, file) in enumerate(zip(shards, files, strict=True)):
-        states.append(_checked_shard(shard, file, rank, world_size))
-    metadata = shards[0]["shard_metadata"]  # type: ignore[index]
-    sizes = _shard_sizes(metadata, files[0])
-    for rank, (shard, file) in enumerate(zip(shards, files, strict=True)):
-        if shard["shard_metadata"].get("shard_info") != metadata["shard_info"]:  # type: ignore[index]
+    checked = [
+        _checked_shard(shard, file, rank, world_size)
+        for rank, (shard, file) in enumerate(zip(shards, files, strict=True))
+    ]
+    states = [state for state, _ in checked]
+    sizes = [_shard_sizes(metadata, file) for (_, metadata), file in zip(checked, files, strict=True)]
+    for rank, file in enumerate(files):
+        if sizes[rank] != sizes[0]:
             raise CheckpointError(
                 f"{str(file)!r} describes other parameters than {files[0].name} (shard_metadata['shard_info'] "
                 "differs): the files are not shards of one checkpoint."
@@ -40,16 +41,18 @@ def checked_shards(
                 f"{str(file)!r} holds other module_shard entries than {files[0].name}: {', '.join(map(repr, odd[:5]))} "
                 "is in one of them only."
             )
-    for key, (name, size) in sizes.items():
+    for key, (name, size) in sizes[0].items():
         if key not in states[0]:
             raise CheckpointError(
                 f"{str(files[0])!r}: shard_metadata names the shard {key!r} (of {name!r}), which module_shard lacks."
             )
         _check_shard_lengths(key, name, size, [state[key] for state in states], files)
-    return states, metadata
+    return states, checked[0][1]
 
 
-def _checked_shard(shard: object, file: Path, rank: int, world_size: int) -> dict[str, torch.Tensor]:
+def _checked_shard(
+    shard: object, file: Path, rank: int, world_size: int
+) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     if not isinstance(shard, dict) or not isinstance(shard.get("module_shard"), dict):
         raise CheckpointError(f"{str(file)!r} is not an xla_fsdp shard: it holds no 'module_shard' dict.")
     metadata = shard.get("shard_metadata")
@@ -58,18 +61,20 @@ def _checked_shard(shard: object, file: Path, rank: int, world_size: int) -> dic
             f"{str(file)!r} is not an xla_fsdp shard: it holds no 'shard_metadata' with 'shard_info'."
         )
     for field, expected in (("world_size", world_size), ("rank", rank)):
-        if field in metadata and metadata[field] != expected:
+        value = metadata.get(field, expected)
+        # A crafted value may be a tensor, whose == is no bool: only an int equal to the expected one passes.
+        if not (type(value) is int and value == expected):
             raise CheckpointError(
-                f"{str(file)!r} says {field}={metadata[field]!r} in its shard_metadata, but its name and the "
+                f"{str(file)!r} says {field}={value!r} in its shard_metadata, but its name and the "
                 f"directory make it {field} {expected}: the file was renamed or comes from another checkpoint."
             )
     state = shard["module_shard"]
-    for key, value in state.items():
-        if not isinstance(key, str) or not isinstance(value, torch.Tensor):
+    for key, item in state.items():
+        if not isinstance(key, str) or not isinstance(item, torch.Tensor):
             raise CheckpointError(
-                f"{str(file)!r}: module_shard[{key!r}] is a {type(value).__name__}, not a tensor named by a string."
+                f"{str(file)!r}: module_shard[{key!r}] is a {type(item).__name__}, not a tensor named by a string."
             )
-    return state
+    return state, metadata
 
 
 def _shard_sizes(metadata: dict[str, Any], file: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
