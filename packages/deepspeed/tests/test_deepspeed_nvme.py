@@ -230,3 +230,64 @@ def test_every_nvme_swapper_of_the_runs_gives_its_page_locked_buffers_back(seque
     for rank in sequence:
         assert rank["swappers_made"] >= 6  # at least one per run: fit, validate, test, predict, fit, fit
         assert rank["swappers_holding_buffers"] == 0
+
+
+# -- optimizer sub-groups large enough to be swapped to NVMe -----------------------------------------------------
+
+SWAPPED_SUB_GROUP_SIZE = 250_000
+"""Elements of each rank's partition per optimizer sub-group: each weight of WideNet (294,912 per rank) closes one,
+above DeepSpeed's smallest swappable tensor (1 MiB, 262,144 fp32 elements), so those four live in the swap files,
+unlike the sub-groups of the models above. The last bias makes a fifth, too small to swap."""
+
+
+class WideNet(nn.Module):
+    """About 2.4 million parameters in four layers."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.Sequential(nn.Linear(768, 768), nn.Linear(768, 768), nn.Linear(768, 768), nn.Linear(768, 768))
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        return self.layers(features)
+
+
+def _save_with_swapped_sub_groups(root: str) -> dict[str, Any]:
+    from stratagem_deepspeed.nvme_swap import swapped_optimizer_sub_groups
+
+    directory = Path(root)
+    strategy = registry.strategies.create(
+        "deepspeed_stage_3_offload_nvme", nvme_path=str(directory / "nvme"), sub_group_size=SWAPPED_SUB_GROUP_SIZE
+    )
+    strategy = stratagem.resolve(strategy=strategy, accelerator="cpu", devices=2)
+    strategy.connect_loop_settings(LoopSettings())
+    strategy.setup_environment()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with strategy.module_init_context():
+            model = WideNet()
+        model = strategy.setup_module(model)
+        [optimizer] = strategy.setup_optimizers([torch.optim.Adam(model.parameters(), lr=1e-3)])
+    generator = torch.Generator().manual_seed(strategy.global_rank)
+    loss = model(torch.randn(4, 768, generator=generator)).square().mean()
+    strategy.backward(loss, optimizer)
+    strategy.optimizer_step(optimizer)
+    strategy.zero_grad(optimizer)
+    swapped = swapped_optimizer_sub_groups(strategy.engine.optimizer)
+    try:
+        strategy.save_checkpoint(directory / "checkpoint", {"module": model, "optimizers": [optimizer]})
+        save_error = ""
+    except RuntimeError as error:
+        save_error = str(error)
+    strategy.barrier("saved")
+    return {"swapped": swapped, "save_error": save_error, "left": sorted(p.name for p in directory.iterdir())}
+
+
+def test_a_save_with_optimizer_sub_groups_swapped_to_nvme_is_refused_leaving_nothing(tmp_path):
+    with DistributedWorkers(2, env=WORKER_ENV) as workers:
+        ranks = workers.run(_save_with_swapped_sub_groups, str(tmp_path), timeout=840)
+    for rank in ranks:
+        assert rank["swapped"] == [0, 1, 2, 3]
+        assert "4 of the optimizer's 5 sub-groups are swapped out to NVMe" in rank["save_error"]
+        assert "fp32 master weights" in rank["save_error"]
+        assert "offload_optimizer_device='cpu'" in rank["save_error"]
+        assert rank["left"] == ["nvme"]

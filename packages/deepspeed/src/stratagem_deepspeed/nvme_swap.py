@@ -45,3 +45,16 @@ def release_swap_buffers(swapper: Any, parameters: Iterable[nn.Parameter]) -> No
             swapper.aio_read_handle.free_cpu_locked_tensor(buffer)
             setattr(swapper, name, None)
     swapper.partitioned_swap_pool = None
+
+
+def swapped_optimizer_sub_groups(optimizer: Any) -> list[int]:
+    """The ZeRO-3 optimizer sub-groups whose fp32 partition and optimizer state live in NVMe swap files.
+
+    DeepSpeed swaps a sub-group out only once its partition reaches the swapper's smallest swappable size
+    (1 MiB by default); smaller ones stay in memory. ``optimizer`` is the engine's optimizer (any other
+    has none).
+    """
+    is_swappable = getattr(optimizer, "_swappable_optimizer_subgroup", None)
+    if is_swappable is None or not getattr(optimizer, "swap_optimizer", False):
+        return []
+    return [index for index in range(len(optimizer.fp16_groups)) if is_swappable(index)]
