@@ -79,10 +79,12 @@ def _strategy(name: str, scratch: Path) -> stratagem.strategies.Strategy:
     return registry.strategies.create(name, **options)
 
 
-def _trainer(strategy: str, devices: int, precision: str, root: Path, **options: Any) -> stratagem.Trainer:
+def _trainer(
+    strategy: str, accelerator: str, devices: int, precision: str, root: Path, **options: Any
+) -> stratagem.Trainer:
     return stratagem.Trainer(
         strategy=_strategy(strategy, root / "scratch"),
-        accelerator="cpu",
+        accelerator=accelerator,
         devices=devices,
         precision=precision,
         default_root_dir=root,
@@ -94,11 +96,13 @@ def _trainer(strategy: str, devices: int, precision: str, root: Path, **options:
     )
 
 
-def fit_test_predict(strategy: str, devices: int, precision: str, root: str) -> dict[str, Any]:
+def fit_test_predict(strategy: str, accelerator: str, devices: int, precision: str, root: str) -> dict[str, Any]:
     """Fit briefly and save at the end, then validate, test and predict with the same Trainer and module."""
     directory = Path(root)
     checkpoint = ModelCheckpoint(dirpath=directory / "checkpoints", filename="final")
-    trainer = _trainer(strategy, devices, precision, directory, max_steps=FIT_STEPS, callbacks=[checkpoint])
+    trainer = _trainer(
+        strategy, accelerator, devices, precision, directory, max_steps=FIT_STEPS, callbacks=[checkpoint]
+    )
     module = MatrixModule()
     trainer.fit(module, loader(0))
     [validated] = trainer.validate(module, loader(1))
@@ -114,12 +118,16 @@ def fit_test_predict(strategy: str, devices: int, precision: str, root: str) -> 
     }
 
 
-def validate_checkpoints(strategy: str, devices: int, checkpoints: dict[str, str], root: str) -> dict[str, Any]:
+def validate_checkpoints(
+    strategy: str, accelerator: str, devices: int, checkpoints: dict[str, str], root: str
+) -> dict[str, Any]:
     """``validate(ckpt_path=...)`` of each checkpoint under ``strategy`` at fp32: its loss, or the error."""
     results: dict[str, Any] = {}
     for source, path in checkpoints.items():
         try:
-            trainer = _trainer(strategy, devices, "32-true", Path(root) / source, enable_checkpointing=False)
+            trainer = _trainer(
+                strategy, accelerator, devices, "32-true", Path(root) / source, enable_checkpointing=False
+            )
             [validated] = trainer.validate(MatrixModule(), loader(1), ckpt_path=path)
             results[source] = float(validated["val_loss"])
         except Exception as error:

@@ -17,7 +17,14 @@ import os
 
 import matrix_runs
 import pytest
-from strategy_matrix import PARALLEL_DEVICES, StrategyCase, discover, distinct, supported_precisions
+from strategy_matrix import (
+    PARALLEL_DEVICES,
+    StrategyCase,
+    available_accelerators,
+    discover,
+    distinct,
+    supported_precisions,
+)
 
 from stratagem.testing import DistributedWorkers
 
@@ -82,6 +89,7 @@ class MatrixRuns:
                     case,
                     matrix_runs.fit_test_predict,
                     case.name,
+                    case.accelerator,
                     case.devices,
                     precision,
                     str(self.root / key),
@@ -97,7 +105,7 @@ class MatrixRuns:
     def reference(self, source_id: str, checkpoint: str) -> float | str:
         if source_id not in self._references:
             losses = matrix_runs.validate_checkpoints(
-                "single_device", 1, {source_id: checkpoint}, str(self.root / "ref")
+                "single_device", "cpu", 1, {source_id: checkpoint}, str(self.root / "ref")
             )
             self._references[source_id] = losses[source_id]
         return self._references[source_id]
@@ -157,7 +165,15 @@ def test_every_checkpoint_validates_alike_under(pools, runs, tmp_path_factory, t
     expected = {source: runs.reference(source, path) for source, path in checkpoints.items()}
     root = str(tmp_path_factory.mktemp(f"load-{target.name}-{devices}"))
     losses = _run(
-        pools, target, matrix_runs.validate_checkpoints, target.name, devices, checkpoints, root, devices=devices
+        pools,
+        target,
+        matrix_runs.validate_checkpoints,
+        target.name,
+        target.accelerator,
+        devices,
+        checkpoints,
+        root,
+        devices=devices,
     )
     mismatches = {
         source: (loss, expected[source])
@@ -178,3 +194,15 @@ def test_every_registered_strategy_is_in_the_matrix_or_refused_with_a_reason():
     assert covered | set(REFUSED) == set(registry.strategies.names())
     assert all(reason for reason in REFUSED.values())
     assert len(covered) >= 1
+
+
+def test_every_plugin_accelerator_available_here_runs_some_strategy_of_the_matrix():
+    # With the vendors' stand-ins on the path, their accelerators are available and their strategies must run.
+    from stratagem import registry
+
+    plugins = {
+        name
+        for name in available_accelerators()
+        if registry.accelerators.get(name).distribution != registry.registry.BUILTIN_DISTRIBUTION
+    }
+    assert plugins <= {case.accelerator for case in RUNNABLE}

@@ -7,7 +7,7 @@ its 2 processes on its DistributedSampler share, batch size per process as the w
 
 - ``raw``: a hand-written loop with ``DistributedDataParallel``, started by ``torchrun --standalone``;
 - ``ddp``, ``ddp_spawn``, ``ddp_fork``: ``stratagem.Trainer(strategy=..., devices=2)`` run as a
-  script (``ddp`` re-runs it for rank 1);
+  script (``ddp`` re-runs it for rank 1); ``auto`` too when named with ``--only`` (it plans, then runs ``ddp``);
 - ``lightning``: Lightning's ``Trainer(strategy="ddp", devices=2)``, when Lightning is importable.
 
 Rounds alternate the order of the contenders. An optimizer post-step hook on rank 0 records
@@ -73,6 +73,8 @@ WORKLOADS = {
 }
 FIRST_STEP_TARGET = 1.2
 STRATAGEM_STRATEGIES = ("ddp", "ddp_spawn", "ddp_fork")
+OPTIONAL_STRATEGIES = ("auto",)
+"""Run only when named with ``--only``: ``auto`` on 2 CPU processes resolves to ``ddp`` after planning the model."""
 
 
 # -- what every contender trains ------------------------------------------------------------
@@ -352,7 +354,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3, help="measured rounds per workload (default: 3)")
     parser.add_argument("--no-lightning", action="store_true", help="skip Lightning even when it is importable")
     parser.add_argument(
-        "--only", default=None, help="comma-separated stratagem contenders to run beside raw (default: all three)"
+        "--only",
+        default=None,
+        help="comma-separated stratagem contenders beside raw (default: ddp, ddp_spawn, ddp_fork; auto on request)",
     )
     parser.add_argument("--timed-steps", type=int, default=None, help="steps per round after warm-up")
     parser.add_argument("--json", default=None, help="also write the results to this file")
@@ -368,8 +372,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     with_lightning = not args.no_lightning and lightning_available()
     chosen = STRATAGEM_STRATEGIES if args.only is None else tuple(args.only.split(","))
-    if "ddp" not in chosen or not set(chosen) <= set(STRATAGEM_STRATEGIES):
-        parser.error(f"--only={args.only!r} must include 'ddp' and name only {', '.join(STRATAGEM_STRATEGIES)}")
+    known = (*STRATAGEM_STRATEGIES, *OPTIONAL_STRATEGIES)
+    if "ddp" not in chosen or not set(chosen) <= set(known):
+        parser.error(f"--only={args.only!r} must include 'ddp' and name only {', '.join(known)}")
     contenders = ["raw", *chosen, *(["lightning"] if with_lightning else [])]
     print(
         f"torch {torch.__version__}, 2 processes x OMP_NUM_THREADS=1, gloo; "

@@ -149,6 +149,47 @@ def test_auto_takes_the_choice_the_calling_process_handed_its_workers(monkeypatc
     assert choose_strategy(Blocks(), AutoRequest("cpu", 1, 1, None, None), "single_device") == ("single_device", None)
 
 
+class BuiltInInit(stratagem.Module):
+    """A small model built in ``__init__``; records whether its optimizer was built."""
+
+    def __init__(self, width: int = 8) -> None:
+        super().__init__()
+        self.layer = nn.Linear(width, width)
+        self.optimizers_built = 0
+
+    def configure_optimizers(self):
+        self.optimizers_built += 1
+        return torch.optim.AdamW(self.parameters())
+
+
+def test_auto_keeps_the_default_for_a_trivially_small_built_model_without_planning_it():
+    module = BuiltInInit()
+    name, reason = choose_strategy(module, AutoRequest("cpu", 2, 1, None, None), "ddp", device=torch.device("cpu"))
+    assert name == "ddp"
+    assert reason == "auto → ddp: the model's 288 bytes of tensors fit any strategy"
+    assert module.optimizers_built == 0
+
+
+def test_auto_plans_a_small_model_when_memory_is_too_tight_to_call_it_trivial(monkeypatch):
+    tight = Resources(host_memory_bytes=288 * 1000, device_memory_bytes=None, disk_bytes=GIB)
+    monkeypatch.setattr("stratagem.planning.planner.visible_resources", lambda *_: tight)
+    name, reason = choose_strategy(
+        BuiltInInit(), AutoRequest("cpu", 1, 1, None, None), "single_device", device=torch.device("cpu")
+    )
+    assert name == "single_device"
+    assert reason is not None
+    assert "fit any strategy" not in reason
+
+
+def test_auto_plans_a_model_built_in_configure_model_however_small():
+    name, reason = choose_strategy(
+        Blocks(width=4, depth=1), AutoRequest("cpu", 1, 1, None, None), "single_device", device=torch.device("cpu")
+    )
+    assert name == "single_device"
+    assert reason is not None
+    assert "fit any strategy" not in reason
+
+
 def test_trainer_auto_keeps_the_usual_strategy_quietly_when_the_model_fits(tmp_path, capsys):
     module = Blocks(width=8, depth=2)
     data = [(torch.zeros(4, 8),) for _ in range(2)]

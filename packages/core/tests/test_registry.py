@@ -228,6 +228,67 @@ def test_a_requirement_installed_at_a_too_old_version_names_the_installed_versio
     assert f"but pytest {metadata.version('pytest')} is installed" in reason
 
 
+def test_a_required_module_not_on_the_import_path_makes_the_name_unavailable_even_in_a_plain_listing(fake):
+    from stratagem.cli._listing import rows_of
+
+    source = register_source(
+        "'bridged', 'collections:OrderedDict', description='x', requires_module='no_such_vendor_bridge', "
+        "install='it comes with the vendor software stack (https://vendor.example/install)'"
+    )
+    fake.add("bridge-plugin", {"bridge": source}, {"bridged": "bridge:register"})
+    registry = fake.registry()
+    expected = (
+        "needs the module no_such_vendor_bridge, which is not installed: it comes with the vendor software stack "
+        "(https://vendor.example/install)"
+    )
+    assert registry.describe("bridged").reason == expected
+    (row,) = [row for row in rows_of(registry, check=False) if row["name"] == "bridged"]
+    assert (row["available"], row["reason"]) == (False, expected)
+    with pytest.raises(ImportError, match=r"'bridged' \(from bridge-plugin\) needs the module no_such_vendor_bridge"):
+        registry.create("bridged")
+
+
+def test_a_required_module_on_the_import_path_is_found_without_running_it(fake, tmp_path, monkeypatch):
+    (tmp_path / "vendor_bridge_probe.py").write_text("raise SystemExit('the vendor bridge must not be imported')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    source = register_source(
+        "'bridged', 'collections:OrderedDict', description='x', requires_module='vendor_bridge_probe'"
+    )
+    fake.add("bridge-plugin", {"bridge": source}, {"bridged": "bridge:register"})
+    registry = fake.registry()
+    assert registry.get("bridged").missing_requirement() is None
+    assert registry.describe("bridged").available
+    assert "vendor_bridge_probe" not in sys.modules
+
+
+@pytest.mark.parametrize(
+    ("requires", "reason"),
+    [
+        ("no-such-dist>=1", "needs no-such-dist>=1, which is not installed: pip install 'no-such-dist>=1'"),
+        ("pytest", "needs the module no_such_vendor_bridge, which is not installed: from the vendor"),
+    ],
+    ids=["distribution missing", "module missing"],
+)
+def test_with_a_required_module_the_install_hint_is_for_the_module_and_a_missing_distribution_gets_pip(
+    fake, requires, reason
+):
+    source = register_source(
+        f"'bridged', 'collections:OrderedDict', description='x', requires={requires!r}, "
+        "requires_module='no_such_vendor_bridge', install='from the vendor'"
+    )
+    fake.add("bridge-plugin", {"bridge": source}, {"bridged": "bridge:register"})
+    assert fake.registry().describe("bridged").reason == reason
+
+
+@pytest.mark.parametrize("module", ["vendor.torch", "", "not a name", 3])
+def test_a_required_module_that_is_not_a_top_level_name_is_refused_at_registration(fake, module):
+    source = register_source(f"'bridged', 'collections:OrderedDict', description='x', requires_module={module!r}")
+    fake.add("dotted-plugin", {"dotted": source}, {"bridged": "dotted:register"})
+    registry = fake.registry()
+    assert "bridged" not in registry.names()
+    assert any("must be a top-level module name" in problem.error for problem in registry.problems())
+
+
 # -- create ---------------------------------------------------------------------------------
 
 

@@ -123,6 +123,25 @@ def test_without_accumulation_backward_sync_is_never_skipped_and_the_loss_is_unc
     assert policy.scale_loss(loss) is loss
 
 
+def test_without_accumulation_every_batch_steps_with_its_loss_unscaled_and_no_sync_context(tmp_path):
+    strategy = _SyncControlled()
+    scaled: list[torch.Tensor] = []
+    backward = strategy.backward
+    strategy.backward = lambda loss, optimizer: (scaled.append(loss), backward(loss, optimizer))  # type: ignore[method-assign]
+    trainer = quiet_trainer(tmp_path, strategy=strategy, max_epochs=1, accumulate_grad_batches=1)
+    module = ClassifierModule()
+    returned: list[torch.Tensor] = []
+    training_step = module.training_step
+    module.training_step = lambda batch, batch_idx: returned.append(training_step(batch, batch_idx)) or returned[-1]  # type: ignore[method-assign]
+    trainer.fit(module, make_loader(num_samples=40, batch_size=8))
+    assert isinstance(accumulation_policy(strategy, 1, []), accumulation_module.StepEveryBatch)
+    assert strategy.skipped == []
+    assert trainer.global_step == 5
+    assert len(scaled) == 5
+    assert all(loss is step_loss for loss, step_loss in zip(scaled, returned))
+    assert trainer.progress_bar_metrics["loss"] == pytest.approx(returned[-1].item())
+
+
 def test_a_plain_strategy_accumulates_in_the_trainer_and_syncs_every_micro_batch():
     policy = accumulation_policy(SingleDeviceStrategy(), 2, [])
     assert isinstance(policy, TrainerAccumulation)

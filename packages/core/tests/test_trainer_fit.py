@@ -432,3 +432,32 @@ def test_the_loop_drives_the_strategy_in_the_documented_order(tmp_path):
         "training_step",
         "teardown",
     ]
+
+
+class _InferenceOnlyStrategy(SingleDeviceStrategy):
+    def __init__(self) -> None:
+        super().__init__()
+        self.checked: list[str] = []
+
+    def check_run(self, stage):
+        self.checked.append(stage)
+        if stage == "fit":
+            raise ValueError("this strategy cannot train")
+
+
+def test_a_run_the_strategy_refuses_in_check_run_fails_before_its_launcher_starts_anything(tmp_path, monkeypatch):
+    strategy = _InferenceOnlyStrategy()
+    trainer = quiet_trainer(tmp_path, strategy=strategy)
+    launched = []
+    real_launch = type(strategy.launcher).launch
+    monkeypatch.setattr(
+        type(strategy.launcher),
+        "launch",
+        lambda *arguments, **options: launched.append(1) or real_launch(*arguments, **options),
+    )
+    with pytest.raises(ValueError, match="this strategy cannot train"):
+        trainer.fit(ClassifierModule(), make_loader(num_samples=16, batch_size=8))
+    assert launched == []
+    trainer.validate(ClassifierModule(), make_loader(num_samples=16, batch_size=8))
+    assert strategy.checked == ["fit", "validate"]
+    assert launched == [1]

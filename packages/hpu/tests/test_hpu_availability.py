@@ -25,27 +25,39 @@ def _without_standin() -> dict[str, str]:
     return environment
 
 
-def test_without_habanas_software_every_hpu_name_is_unavailable_with_the_reason_and_where_to_get_it():
+def _listing(kind: str, *flags: str, standin: bool) -> dict[str, dict[str, object]]:
     completed = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            "import sys; from stratagem.cli.main import main; sys.exit(main())",
-            "strategies",
-            "--check",
-            "--json",
-        ],
-        env=_without_standin(),
+        [sys.executable, "-c", "import sys; from stratagem.cli.main import main; sys.exit(main())", kind, *flags],
+        env=None if standin else _without_standin(),
         capture_output=True,
         text=True,
         timeout=120,
     )
     assert completed.returncode == 0, completed.stderr
-    rows = {row["name"]: row for row in json.loads(completed.stdout)}
-    for name in HPU_STRATEGIES:
-        assert rows[name]["available"] is False
-        assert "habana_frameworks" in rows[name]["reason"]
-        assert availability.HABANA_INSTALL_DOCS in rows[name]["reason"]
+    return {row["name"]: row for row in json.loads(completed.stdout)}
+
+
+@pytest.mark.parametrize("flags", [(), ("--check",)], ids=["plain", "checked"])
+def test_without_habanas_software_every_hpu_name_is_unavailable_with_the_reason_and_where_to_get_it(flags):
+    strategies = _listing("strategies", "--json", *flags, standin=False)
+    accelerators = _listing("accelerators", "--json", *flags, standin=False)
+    precisions = _listing("precisions", "--json", *flags, standin=False)
+    hpu_names = [name for name, row in strategies.items() if row["distribution"] == "stratagem-hpu"]
+    assert set(HPU_STRATEGIES) <= set(hpu_names)
+    for row in [*(strategies[name] for name in hpu_names), accelerators["hpu"], precisions["fp8"]]:
+        assert row["available"] is False, row
+        assert "habana_frameworks" in row["reason"]
+        assert availability.HABANA_INSTALL_DOCS in row["reason"]
+
+
+def test_with_the_standin_on_the_path_a_plain_listing_no_longer_calls_the_hpu_names_unavailable():
+    strategies = _listing("strategies", "--json", standin=True)
+    accelerators = _listing("accelerators", "--json", standin=True)
+    for row in [*(strategies[name] for name in HPU_STRATEGIES), accelerators["hpu"]]:
+        # None: not checked, as for every name a plain listing imports nothing of; --check says yes.
+        assert (row["available"], row["reason"]) == (None, None), row
+    checked = _listing("strategies", "--json", "--check", standin=True)
+    assert all(checked[name]["available"] is True for name in HPU_STRATEGIES)
 
 
 def test_listing_and_describing_the_hpu_names_imports_nothing_of_habanas():
@@ -90,3 +102,19 @@ def test_with_habanas_software_the_accelerator_reports_cards_name_and_memory():
     assert {"Limit", "InUse", "MaxInUse", "NumAllocs"} <= set(accelerator.memory_stats())
     with pytest.raises(ValueError, match="asks for 3 hpu device"):
         accelerator.parse_devices(3)
+
+
+def test_the_demo_without_habanas_software_says_what_is_missing_instead_of_a_traceback():
+    completed = subprocess.run(
+        [sys.executable, "-m", "stratagem.cli.main", "demo", "--strategy", "hpu_parallel", "--devices", "2"],
+        env=_without_standin(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert completed.returncode == 2, completed.stderr
+    assert completed.stderr.startswith(
+        "stratagem demo: The strategy 'hpu_parallel' (from stratagem-hpu) needs the module"
+    )
+    assert availability.HABANA_INSTALL_DOCS in completed.stderr
+    assert "Traceback" not in completed.stderr

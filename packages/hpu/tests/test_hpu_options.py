@@ -3,6 +3,7 @@ precisions Gaudi runs, and the errors for what it cannot."""
 
 from __future__ import annotations
 
+import inspect
 import os
 
 import pytest
@@ -11,7 +12,10 @@ from hpu_testing import Classifier, make_loader, trainer
 from torch import nn
 
 import stratagem
-from stratagem_hpu import HPUSingleStrategy
+from stratagem.strategies import ParallelOptions
+from stratagem_ddp import DDPStrategy
+from stratagem_hpu import HPUParallelStrategy, HPUSingleStrategy
+from stratagem_hpu.strategy import DDPOptions
 
 
 def _calls(habana_calls: list[dict], name: str) -> list[dict]:
@@ -69,10 +73,35 @@ def test_hpu_graphs_wrap_the_module_for_validate_test_and_predict(tmp_path, haba
     assert [len(batch) for batch in predictions] == [8, 8]
 
 
-def test_hpu_graphs_cannot_train(tmp_path):
-    run = trainer(tmp_path, strategy=HPUSingleStrategy(hpu_graphs=True))
+@pytest.mark.parametrize("strategy", [HPUSingleStrategy, HPUParallelStrategy])
+def test_hpu_graphs_with_fit_is_refused_in_the_calling_process_before_any_process_starts(
+    tmp_path, monkeypatch, strategy
+):
+    run = trainer(tmp_path, strategy=strategy(hpu_graphs=True), devices=1 if strategy is HPUSingleStrategy else 2)
+    launched = []
+    monkeypatch.setattr(type(run.strategy.launcher), "launch", lambda *arguments, **options: launched.append(1))
     with pytest.raises(ValueError, match=r"hpu_graphs=True replays a recorded inference graph, which cannot train"):
         run.fit(Classifier(), make_loader(num_samples=16))
+    assert launched == []
+
+
+@pytest.mark.parametrize("strategy", [HPUSingleStrategy, HPUParallelStrategy])
+def test_an_unknown_option_names_the_hpu_strategy_and_what_it_accepts(strategy):
+    with pytest.raises(
+        TypeError, match=rf"{strategy.__name__} does not accept option\(s\) 'hpu_graph'\. Accepted: .*hpu_graphs"
+    ):
+        strategy(hpu_graph=True)
+
+
+def test_hpu_parallel_takes_every_option_of_ddp_and_its_typed_options_are_ddps():
+    own = {
+        name
+        for name, parameter in inspect.signature(DDPStrategy.__init__).parameters.items()
+        if parameter.kind is inspect.Parameter.KEYWORD_ONLY
+    }
+    assert set(DDPOptions.__annotations__) - set(ParallelOptions.__annotations__) == own
+    assert set(inspect.signature(DDPStrategy).parameters) <= set(inspect.signature(HPUParallelStrategy).parameters)
+    assert HPUParallelStrategy(static_graph=True, timeout=7, execution_mode="eager").static_graph
 
 
 def test_bf16_mixed_runs_the_steps_under_bf16_autocast_on_hpu(tmp_path):

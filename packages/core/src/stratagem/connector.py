@@ -119,7 +119,7 @@ def detect_environment() -> ClusterEnvironment:
     plugin_names = _plugin_names(environments)
     for name in plugin_names:
         registration = environments.get(name)
-        if registry.requirement_problem(registration.requires, registration.install) is not None:
+        if registration.missing_requirement() is not None:
             continue
         try:
             environment_class = environments.load_target(name)

@@ -5,13 +5,22 @@ reuse."""
 from __future__ import annotations
 
 import os
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Literal
 
 import torch
 from torch import nn
-from torch.optim import Optimizer
+from typing_extensions import Unpack
 
-from stratagem.strategies import ReduceOp, SingleDeviceStrategy, StepBoundary, StepBoundaryListener, Strategy
+from stratagem.strategies import (
+    ParallelOptions,
+    ReduceOp,
+    SingleDeviceStrategy,
+    StepBoundary,
+    StepBoundaryListener,
+    Strategy,
+    StrategyOptions,
+)
 from stratagem.strategies.collective_arguments import reduce_operation
 from stratagem_ddp import DDPStrategy
 from stratagem_hpu import availability, habana
@@ -35,7 +44,8 @@ class HPUStrategy(Strategy, StepBoundaryListener):
       operation at once; ``"compile"`` runs eagerly with the module compiled by
       ``torch.compile(backend="hpu_backend")``. ``None`` follows ``PT_HPU_LAZY_MODE`` (lazy unless ``0``).
     - ``hpu_graphs``: for ``validate``/``test``/``predict``, record the module's forward once as an HPU graph
-      and replay it (Habana's ``wrap_in_hpu_graph``, an inference feature: ``fit`` refuses it).
+      and replay it (Habana's ``wrap_in_hpu_graph``, an inference feature: ``fit`` refuses it before any
+      process starts).
     - HCCL reduces no integer tensors and has no mean: integer tensors are reduced as float32 (a mean stays
       float; a sum, max or min comes back in the tensor's dtype) and a mean is a sum divided by the world size.
     """
@@ -85,13 +95,13 @@ class HPUStrategy(Strategy, StepBoundaryListener):
             habana.hpu().wrap_in_hpu_graph(self.module)
         return model
 
-    def setup_optimizers(self, optimizers: list[Optimizer]) -> list[Optimizer]:
-        if self.hpu_graphs and optimizers:
+    def check_run(self, stage: Literal["fit", "validate", "test", "predict"]) -> None:
+        super().check_run(stage)
+        if self.hpu_graphs and stage == "fit":
             raise ValueError(
                 "hpu_graphs=True replays a recorded inference graph, which cannot train: use it for validate, "
                 "test and predict, and fit with hpu_graphs=False."
             )
-        return super().setup_optimizers(optimizers)
 
     def reduce(self, tensor: Any, op: ReduceOp = "mean", *, group: Any = None, reduce_op: Any = None) -> Any:
         op = reduce_operation(op, reduce_op)
@@ -106,9 +116,14 @@ class HPUSingleStrategy(HPUStrategy, SingleDeviceStrategy):
     """One Gaudi card in this process (``hpu_single``). Options: see :class:`HPUStrategy`."""
 
     def __init__(
-        self, *, execution_mode: ExecutionMode | None = None, hpu_graphs: bool = False, **options: Any
+        self,
+        device: torch.device | str | int | None = None,
+        *,
+        execution_mode: ExecutionMode | None = None,
+        hpu_graphs: bool = False,
+        **strategy_options: Unpack[StrategyOptions],
     ) -> None:
-        super().__init__(**options)
+        super().__init__(device, **strategy_options)
         self._take_hpu_options(execution_mode, hpu_graphs)
 
     def complete_configuration(self) -> None:
@@ -119,6 +134,20 @@ class HPUSingleStrategy(HPUStrategy, SingleDeviceStrategy):
         return f"HPUSingleStrategy(execution_mode={self.execution_mode!r}, hpu_graphs={self.hpu_graphs})"
 
 
+class DDPOptions(ParallelOptions, total=False):
+    """The options ``stratagem_ddp.DDPStrategy`` takes beyond the parallel ones, for the type checker: at run time
+    the accepted names are read from DDPStrategy's signature (a test holds the two equal)."""
+
+    find_unused_parameters: bool
+    static_graph: bool
+    gradient_as_bucket_view: bool
+    bucket_cap_mb: float | None
+    ddp_comm_state: Any
+    ddp_comm_hook: Callable[[Any, Any], Any] | None
+    ddp_comm_wrapper: Callable[[Callable[[Any, Any], Any]], Callable[[Any, Any], Any]] | None
+    model_averaging_period: int | None
+
+
 class HPUParallelStrategy(HPUStrategy, DDPStrategy):
     """One process per Gaudi card, gradients all-reduced by DDP over HCCL (``hpu_parallel``, ``hpu_ddp``).
 
@@ -127,9 +156,13 @@ class HPUParallelStrategy(HPUStrategy, DDPStrategy):
     """
 
     def __init__(
-        self, *, execution_mode: ExecutionMode | None = None, hpu_graphs: bool = False, **options: Any
+        self,
+        *,
+        execution_mode: ExecutionMode | None = None,
+        hpu_graphs: bool = False,
+        **ddp_options: Unpack[DDPOptions],
     ) -> None:
-        super().__init__(**options)
+        super().__init__(**ddp_options)
         self._take_hpu_options(execution_mode, hpu_graphs)
 
     def complete_configuration(self) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+import re
 from pathlib import Path
 from typing import Any
 
@@ -58,26 +60,61 @@ class XLAShardedCheckpointIO(XLACheckpointIO):
     def load_checkpoint(
         self, path: PathLike, map_location: torch.device | str | None = "cpu", weights_only: bool = True
     ) -> dict[str, Any]:
+        from stratagem_xla.shard_checks import checked_shards
         from stratagem_xla.shards import whole_state
 
         files = shard_files(Path(path))
         shards = [load_torch_file(file, map_location="cpu", weights_only=weights_only) for file in files]
-        first = shards[0]
-        whole = whole_state([shard["module_shard"] for shard in shards], first["shard_metadata"])
+        module_shards, metadata = checked_shards(shards, files)
+        whole = whole_state(module_shards, metadata)
         rest = {
-            key: value for key, value in first.items() if key not in ("module_shard", "shard_metadata", "optimizers")
+            key: value
+            for key, value in shards[0].items()
+            if key not in ("module_shard", "shard_metadata", "optimizers")
         }
         return {**rest, "module": whole}
 
 
+_SHARD_NAME = re.compile(r"rank-(0|[1-9][0-9]*)-of-([1-9][0-9]*)\.pt")
+_SHOWN = 5
+
+
 def shard_files(directory: Path) -> list[Path]:
-    """The shard files of a sharded ``xla_fsdp`` checkpoint in rank order; ``CheckpointError`` if one is missing."""
-    first = next(iter(sorted(directory.glob("rank-0-of-*.pt"))), None)
-    if first is None:
-        raise CheckpointError(f"{str(directory)!r} holds no rank-0-of-N.pt: it is not a sharded xla_fsdp checkpoint.")
-    world_size = int(first.stem.rsplit("-", 1)[-1])
-    files = [directory / SHARD_FILE.format(rank=rank, world_size=world_size) for rank in range(world_size)]
-    missing = [file.name for file in files if not file.is_file()]
-    if missing:
-        raise CheckpointError(f"The sharded xla_fsdp checkpoint {str(directory)!r} lacks {', '.join(missing)}.")
-    return files
+    """The shard files of a sharded ``xla_fsdp`` checkpoint in rank order.
+
+    :class:`CheckpointError` unless the directory holds exactly ``rank-0-of-N.pt`` ... ``rank-(N-1)-of-N.pt``
+    as regular files inside it (no other world size's shards, no link leading out of it), so that a stray or
+    planted file is never read as one of the shards.
+    """
+    where = repr(str(directory))
+    ranks: dict[int, dict[int, Path]] = {}
+    for entry in directory.glob("rank-*-of-*.pt"):
+        match = _SHARD_NAME.fullmatch(entry.name)
+        if match is None:
+            raise CheckpointError(f"{where} holds {entry.name!r}, which is not a shard's name (rank-R-of-N.pt).")
+        rank, world_size = int(match.group(1)), int(match.group(2))
+        ranks.setdefault(world_size, {})[rank] = entry
+    if len(ranks) != 1:
+        found = "no rank-0-of-N.pt" if not ranks else f"shards of world sizes {sorted(ranks)}"
+        raise CheckpointError(f"{where} holds {found}: it is not one sharded xla_fsdp checkpoint.")
+    ((world_size, files),) = ranks.items()
+    foreign = sorted(file.name for rank, file in files.items() if rank >= world_size)
+    if foreign:
+        raise CheckpointError(f"{where} holds {', '.join(foreign[:_SHOWN])}: no such rank in a world of {world_size}.")
+    if len(files) != world_size:
+        missing = (SHARD_FILE.format(rank=r, world_size=world_size) for r in range(world_size) if r not in files)
+        shown = ", ".join(itertools.islice(missing, _SHOWN))
+        raise CheckpointError(
+            f"The sharded xla_fsdp checkpoint {where} lacks {world_size - len(files)} of its {world_size} shards: "
+            f"{shown}{', ...' if world_size - len(files) > _SHOWN else ''}."
+        )
+    inside = directory.resolve()
+    ordered = [files[rank] for rank in range(world_size)]
+    for file in ordered:
+        if file.resolve().parent != inside:
+            raise CheckpointError(
+                f"{str(file)!r} is a link to {str(file.resolve())!r}, outside the checkpoint {where}."
+            )
+        if not file.is_file():
+            raise CheckpointError(f"{str(file)!r} is not a regular file (a directory, a pipe, a broken link?).")
+    return ordered

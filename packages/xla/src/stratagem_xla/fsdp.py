@@ -14,7 +14,6 @@ from torch.optim import Optimizer
 from stratagem.accelerators import Accelerator
 from stratagem.checkpoint_io import PathLike, move_into_place, temporary_sibling
 from stratagem.precision import Precision
-from stratagem_xla import stepping
 from stratagem_xla.checkpoint_io import SHARD_FILE, XLAShardedCheckpointIO, shard_files, to_cpu
 from stratagem_xla.parallel import XLAStrategy
 from stratagem_xla.shards import plain_name, shard_names, shard_of, whole_state_gathered
@@ -78,7 +77,7 @@ class XLAFSDPStrategy(XLAStrategy):
 
     def optimizer_step(self, optimizer: Optimizer) -> Any:
         # XlaFSDP reduce-scatters the gradients in backward; an all-reduce here would sum them again.
-        return stepping.step_and_cut_graph(self.precision, optimizer, optimizer.step)
+        return self.precision.optimizer_step(optimizer, optimizer.step)
 
     def clip_gradients(
         self, optimizer: Optimizer, clip_val: float, algorithm: Literal["norm", "value"] = "norm"

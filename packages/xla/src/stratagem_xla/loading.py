@@ -16,10 +16,17 @@ def parallel_loader_batches(batches: Iterator[Any], device: torch.device, input_
 
     torch_xla's ``ParallelLoader`` syncs the device whenever the loop asks for the next batch, so the work
     traced for one step (forward, backward, optimizer step, logged values) runs as one graph, compiled once
-    and reused. The first batch is read here, in the loop's thread: a sampler draws its order from the global
-    random generator when it yields its first batch, and must not do so in the loader's thread while the loop
-    uses that generator. ``input_sharding`` (SPMD) shards each batch over the device mesh.
+    and reused. That is the step's only cut, as in torch_xla's own loop (``MpDeviceLoader`` and
+    ``xm.optimizer_step`` without a barrier): a second one, after the optimizer step, would find nothing
+    left to run and wait for the device instead, so the next step could not be traced while this one runs.
+    A loop that stops before the data ends (``max_steps``) gets the same cut when it leaves, so its last
+    step runs as the graph every step compiled to, not folded into whatever reads a value next.
+
+    The first batch is read here, in the loop's thread: a sampler draws its order from the global random
+    generator when it yields its first batch, and must not do so in the loader's thread while the loop uses
+    that generator. ``input_sharding`` (SPMD) shards each batch over the device mesh.
     """
+    import torch_xla
     from torch_xla.distributed.parallel_loader import ParallelLoader
 
     first = next(batches, _END)
@@ -30,3 +37,4 @@ def parallel_loader_batches(batches: Iterator[Any], device: torch.device, input_
         yield from loader.per_device_loader(device)
     finally:
         loader.close()
+        torch_xla.sync()

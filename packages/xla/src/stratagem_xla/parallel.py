@@ -31,8 +31,8 @@ class XLAStrategy(ParallelStrategy, FeedsBatchesToDevice):
 
     Replicas are started by ``xmp.spawn`` (:class:`~stratagem_xla.launcher.XLALauncher`) and numbered by the
     XLA runtime (:class:`~stratagem_xla.environment.XLAEnvironment`); they join torch.distributed's ``xla``
-    backend (``init_method="xla://"``). Each optimizer step all-reduces the gradients and ends the traced graph
-    (``xm.optimizer_step``); batches come through torch_xla's parallel loader. Collectives use XLA's own
+    backend (``init_method="xla://"``). Each optimizer step all-reduces the gradients (``xm.optimizer_step``);
+    batches come through torch_xla's parallel loader, which ends each step's traced graph. Collectives use XLA's own
     (``xm.all_reduce``, ``xm.all_gather``, ``xm.collective_broadcast``, ``xm.rendezvous``). ``devices`` must be
     every device of the host: ``xmp.spawn`` starts one replica per device and cannot start fewer but one.
     ``debug=True`` (``xla_debug``) prints XLA's metrics report in every replica when the run ends.
@@ -186,7 +186,7 @@ class XLAStrategy(ParallelStrategy, FeedsBatchesToDevice):
             xm.reduce_gradients(optimizer)
             return optimizer.step()
 
-        return stepping.step_and_cut_graph(self.precision, optimizer, step)
+        return self.precision.optimizer_step(optimizer, step)
 
     def device_batches(self, batches: Iterator[Any]) -> Iterator[Any]:
         return stepping.feed(batches, self.root_device)

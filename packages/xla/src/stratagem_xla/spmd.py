@@ -101,12 +101,15 @@ class XLAFSDPv2Strategy(SingleXLAStrategy):
         # Not through the parallel loader: marking the sharding of a batch its thread placed on the device
         # crashed torch_xla 2.9 (a segmentation fault in mark_sharding), and its own input_sharding takes one
         # partition spec for every tensor of a batch whatever their ranks. Each batch is placed and sharded
-        # here, after the graph cut the loader would have made.
+        # here, after the graph cut the loader would have made, and the pass ends with the cut it makes there.
         import torch_xla
 
-        for batch in batches:
+        try:
+            for batch in batches:
+                torch_xla.sync()
+                yield self._shard_batch(self.batch_to_device(batch))
+        finally:
             torch_xla.sync()
-            yield self._shard_batch(self.batch_to_device(batch))
 
     def _shard_batch(self, batch: Any) -> Any:
         import torch_xla.distributed.spmd as xs

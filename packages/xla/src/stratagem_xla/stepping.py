@@ -1,33 +1,18 @@
-"""What every XLA strategy does the same way around a step: the graph cut after the optimizer step, the
-parallel loader, the debug report at the end of a run."""
+"""What every XLA strategy does the same way around a step: the parallel loader (which cuts the graph), the
+debug report at the end of a run."""
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import torch
-from torch.optim import Optimizer
 
 from stratagem.precision import Precision
 from stratagem.strategies import skip_parameter_init
 from stratagem_xla import runtime
 from stratagem_xla.loading import parallel_loader_batches
-
-
-def step_and_cut_graph(precision: Precision, optimizer: Optimizer, step: Callable[[], Any]) -> Any:
-    """Run the optimizer ``step`` through ``precision``, then execute the traced graph (``torch_xla.sync()``).
-
-    The cut here is what ``xm.optimizer_step(optimizer, barrier=True)`` makes: the step's forward, backward
-    and update run as one graph and the next step traces a new one of the same shape, which XLA has compiled
-    already. Without it the graph would grow over steps until something read a value.
-    """
-    import torch_xla
-
-    result = precision.optimizer_step(optimizer, step)
-    torch_xla.sync()
-    return result
 
 
 def feed(batches: Iterator[Any], device: torch.device, input_sharding: Any = None) -> Iterator[Any]:

@@ -7,7 +7,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
-from torch.optim import Optimizer
 
 from stratagem.accelerators import Accelerator
 from stratagem.checkpoint_io import CheckpointIO
@@ -23,7 +22,7 @@ from stratagem_xla.precision_support import check_precision
 class SingleXLAStrategy(SingleDeviceStrategy, FeedsBatchesToDevice):
     """One process training on one XLA device (a TPU core, or XLA's CPU device where there is no TPU).
 
-    Batches arrive through torch_xla's parallel loader, each optimizer step ends the traced graph, and
+    Batches arrive through torch_xla's parallel loader, which ends each step's traced graph, and
     checkpoints are written with every tensor moved to the CPU (:class:`~stratagem_xla.XLACheckpointIO`), so
     that any strategy loads them. ``debug=True`` prints XLA's metrics report when the run ends.
     """
@@ -80,9 +79,6 @@ class SingleXLAStrategy(SingleDeviceStrategy, FeedsBatchesToDevice):
     def module_init_context(self, empty_init: bool | None = None) -> Iterator[None]:
         with stepping.cpu_module_init(self.precision, empty_init):
             yield
-
-    def optimizer_step(self, optimizer: Optimizer) -> Any:
-        return stepping.step_and_cut_graph(self.precision, optimizer, optimizer.step)
 
     def device_batches(self, batches: Iterator[Any]) -> Iterator[Any]:
         return stepping.feed(batches, self.root_device)

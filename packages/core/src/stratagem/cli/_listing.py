@@ -1,8 +1,8 @@
 """The table (or JSON) that ``stratagem strategies|accelerators|precisions|environments`` print.
 
 A plain listing reads what plugins registered and imports no target (nor torch): whether a name
-is usable here is only known from its declared requirement. ``--check`` imports each target and
-asks it, which is what the AVAILABLE column then shows.
+is usable here is only known from what it declares it needs (a distribution, a module). ``--check``
+imports each target and asks it, which is what the AVAILABLE column then shows.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, TextIO
 
-from stratagem.registry import Registry, requirement_problem
+from stratagem.registry import Registry
 from stratagem.registry.registry import json_defaults
 
 Row = dict[str, Any]
@@ -108,7 +108,7 @@ def format_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 
 def _unchecked_row(registry: Registry, name: str) -> Row:
     registration = registry.get(name)
-    reason = requirement_problem(registration.requires, registration.install)
+    reason = registration.missing_requirement()
     return {
         "name": name,
         "description": registration.description,

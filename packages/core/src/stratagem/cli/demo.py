@@ -61,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
             seed=args.seed,
             callbacks=[_SaySetup()],
         )
-    except (ValueError, TypeError) as error:
+    except (ValueError, TypeError, ImportError) as error:  # ImportError: a name whose requirement is missing
         print(f"stratagem demo: {error}", file=sys.stderr)
         return 2
     train_loader, val_loader = demo_dataloaders(batch_size=args.batch_size)

@@ -8,13 +8,19 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 from torch import nn
 
+from stratagem.planning import planner
 from stratagem.planning.planner import plan, strategies_to_plan
 
 CHOICE_VARIABLE = "STRATAGEM_AUTO_STRATEGY"
 """Set by the calling process while it starts workers, so that a re-executed script takes the caller's choice
 instead of planning again from memory that the other ranks are already using."""
+
+TRIVIAL_MEMORY_SHARE = 1e-4
+"""A module built in ``__init__`` whose tensors take less than this share of the memory here is not planned: even
+with gradients, any optimizer's states and a rank per device it uses a few percent at most."""
 
 
 @dataclass(frozen=True)
@@ -37,15 +43,22 @@ class AutoRequest:
         }
 
 
-def choose_strategy(module: nn.Module, request: AutoRequest, default: str) -> tuple[str, str | None]:
+def choose_strategy(
+    module: nn.Module, request: AutoRequest, default: str, device: torch.device | None = None
+) -> tuple[str, str | None]:
     """The registered name to train ``module`` with, and the one-line reason (``None`` in a worker that took
     the calling process's choice). ``default`` is what ``auto`` means without a model (``ddp``,
-    ``single_device``): it is kept whenever it fits."""
+    ``single_device``): it is kept whenever it fits. ``device``, the default's root device, lets a trivially
+    small module keep the default without being planned."""
     from stratagem import registry
 
     inherited = os.environ.get(CHOICE_VARIABLE)
     if inherited:
         return inherited, None
+    if device is not None:
+        tensor_bytes = _trivially_small_bytes(module, device)
+        if tensor_bytes is not None:
+            return default, f"auto → {default}: the model's {tensor_bytes:,} bytes of tensors fit any strategy"
     try:
         first = plan(module, [default], first_fit=True, **request.resolve_kwargs())
     except Exception as error:  # copying or building the user's module on meta failed: plan nothing, change nothing
@@ -60,6 +73,27 @@ def choose_strategy(module: nn.Module, request: AutoRequest, default: str) -> tu
             "Run `stratagem plan` for every strategy's estimate, or pass strategy= to choose one yourself."
         )
     return chosen.name, planned.reason()
+
+
+def _trivially_small_bytes(module: nn.Module, device: torch.device) -> int | None:
+    """The bytes of ``module``'s tensors when they are all there already and too few to plan for, else ``None``.
+
+    Planning builds the module's optimizer on a meta copy, and the first optimizer of a process imports
+    ``torch._dynamo`` (seconds); under ``ddp`` that happens before the other ranks are started. A module without
+    ``configure_model`` (its tensors are built) or ``example_input_array`` (nothing more to measure) that is tiny
+    against the memory here fits every strategy, so the default is kept without that cost.
+    """
+    from stratagem.module import Module
+
+    configure_model = getattr(type(module), "configure_model", Module.configure_model)
+    if configure_model is not Module.configure_model or getattr(module, "example_input_array", None) is not None:
+        return None
+    tensor_bytes = sum(tensor.numel() * tensor.element_size() for tensor in (*module.parameters(), *module.buffers()))
+    resources = planner.visible_resources(device)
+    memory = resources.host_memory_bytes
+    if resources.device_memory_bytes is not None:
+        memory = min(memory, resources.device_memory_bytes)
+    return tensor_bytes if tensor_bytes < memory * TRIVIAL_MEMORY_SHARE else None
 
 
 @contextlib.contextmanager

@@ -5,8 +5,10 @@ from __future__ import annotations
 import contextlib
 import difflib
 import importlib
+import importlib.util
 import inspect
 import json
+import sys
 import threading
 import traceback
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -34,8 +36,16 @@ class Registration:
     override: bool
     entry_point: str = BUILTIN_ENTRY_POINT
     install: str | None = None
-    """How to get what ``requires`` names, where ``pip install '<requires>'`` is not how (not on PyPI, or
-    only together with a particular torch)."""
+    """How to get what pip cannot install: the ``requires_module`` where one is declared (``requires`` then gets
+    the pip command), else ``requires`` (not on PyPI, or only together with a particular torch)."""
+    requires_module: str | None = None
+
+    def missing_requirement(self) -> str | None:
+        """Why what this name declares it needs (``requires``, ``requires_module``) is missing here, with how to
+        get it, or ``None``. Cheap: reads package metadata and the import path, imports nothing."""
+        if self.requires_module is None:
+            return requirement_problem(self.requires, self.install)
+        return requirement_problem(self.requires) or module_problem(self.requires_module, self.install)
 
     @property
     def target_path(self) -> str:
@@ -154,12 +164,17 @@ class Registry:
         defaults: Mapping[str, Any] | None = None,
         override: bool = False,
         install: str | None = None,
+        requires_module: str | None = None,
     ) -> None:
         """Record ``name``. ``target`` is a class, a factory, or a lazy ``"module:attr"`` string.
 
-        ``requires`` is a PEP 508 requirement the target needs (checked when used, not now), and
-        ``install`` how to get it where that is not ``pip install '<requires>'`` (a command, or where
-        its vendor's instructions are): users are told it instead of a pip command that cannot work;
+        ``requires`` is a PEP 508 requirement the target needs (checked when used, not now);
+        ``requires_module`` a top-level module it needs that no pip distribution provides (a vendor's
+        bridge such as Habana's ``habana_frameworks``), looked up on the import path with
+        ``importlib.util.find_spec``, which does not run it, so that even a plain listing can say it is
+        missing; ``install`` how to get the module, or without one the requirement, where that is not
+        ``pip install '<requires>'`` (a command, or where its vendor's instructions are): users are told it
+        instead of a pip command that cannot work;
         ``defaults`` are options this name passes to the target (what makes an alias).
         Registering a name another distribution registered is an error naming both, unless
         one of the two passes ``override=True``.
@@ -167,6 +182,12 @@ class Registry:
         _check_registration(self.kind, name, target, description, requires, defaults)
         if install is not None and (not isinstance(install, str) or not install.strip()):
             raise ValueError(f"The install hint of {self.kind} {name!r} must be a non-empty string, got {install!r}.")
+        if requires_module is not None and (not isinstance(requires_module, str) or not requires_module.isidentifier()):
+            # A dotted name would be found by importing its parent package, which may be heavy or probe hardware.
+            raise ValueError(
+                f"The required module of {self.kind} {name!r} must be a top-level module name (no dots), "
+                f"got {requires_module!r}."
+            )
         registration = Registration(
             name=name,
             target=target,
@@ -177,6 +198,7 @@ class Registry:
             override=override,
             entry_point=self._entry_point,
             install=install,
+            requires_module=requires_module,
         )
         self._registered_now.append(name)
         existing = self._entries.get(name)
@@ -227,7 +249,7 @@ class Registry:
         Imports the target (unless its requirement is missing) and asks its ``is_available()``.
         """
         registration = self.get(name)
-        reason = requirement_problem(registration.requires, registration.install)
+        reason = registration.missing_requirement()
         if reason is None:
             reason = self._unavailable_reason(registration)
         return Description(
@@ -248,7 +270,7 @@ class Registry:
         the import fails or the class is not a usable ``interface`` (wrong base, abstract methods).
         """
         registration = self.get(name)
-        problem = requirement_problem(registration.requires, registration.install)
+        problem = registration.missing_requirement()
         if problem is not None:
             raise ImportError(f"The {self.kind} {name!r} (from {registration.distribution}) {problem}.")
         return self._checked_target(registration)
@@ -292,7 +314,7 @@ class Registry:
             if name in self._conflicts:
                 continue
             registration = self._entries[name]
-            if requirement_problem(registration.requires, registration.install) is None:
+            if registration.missing_requirement() is None:
                 with contextlib.suppress(PluginError):
                     self._checked_target(registration)
 
@@ -592,6 +614,20 @@ def requirement_problem(requires: str | None, install: str | None = None) -> str
     if requirement.specifier and not requirement.specifier.contains(installed, prereleases=True):
         return f"needs {requires}, but {requirement.name} {installed} is installed: {how}"
     return None
+
+
+def module_problem(module: str | None, install: str | None = None) -> str | None:
+    """Why the top-level ``module`` cannot be imported here, with how to get it (``install``), or ``None``.
+    Finds it on the import path without importing it."""
+    if not module or module in sys.modules:
+        return None
+    try:
+        found = importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        found = False
+    if found:
+        return None
+    return f"needs the module {module}, which is not installed" + (f": {install}" if install else "")
 
 
 def _check_registration(kind: str, name: Any, target: Any, description: Any, requires: Any, defaults: Any) -> None:

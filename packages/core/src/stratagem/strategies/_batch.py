@@ -8,15 +8,6 @@ from torch.utils._pytree import tree_map
 
 def move_to_device(batch: Any, device: torch.device) -> Any:
     """Move every tensor in a (nested) batch to ``device``; other values pass through."""
-    non_blocking = device.type == "cuda"
-
-    def move(value: Any) -> Any:
-        if isinstance(value, torch.Tensor) and value.device != device:
-            return value.to(device, non_blocking=non_blocking)
-        return value
-
-    if isinstance(batch, torch.Tensor):
-        return move(batch)
     if type(batch) in (tuple, list):
         # The common (inputs, targets) batch already in place: skip the pytree walk, which
         # costs more per step than the rest of the Trainer's own work on small models
@@ -26,4 +17,13 @@ def move_to_device(batch: Any, device: torch.device) -> Any:
                 break
         else:
             return batch
+    non_blocking = device.type == "cuda"
+
+    def move(value: Any) -> Any:
+        if isinstance(value, torch.Tensor) and value.device != device:
+            return value.to(device, non_blocking=non_blocking)
+        return value
+
+    if isinstance(batch, torch.Tensor):
+        return move(batch)
     return tree_map(move, batch)

@@ -216,6 +216,11 @@ class Strategy(ABC):
         batch size (before any process starts where it can). Raise ``ValueError`` on a contradiction."""
         self.loop_settings = settings
 
+    def check_run(self, stage: Literal["fit", "validate", "test", "predict"]) -> None:
+        """Called in the calling process as each ``fit``/``validate``/``test``/``predict`` starts, before any
+        process starts: raise ``ValueError`` for a run this strategy cannot do (an inference-only option with
+        ``fit``), so that it fails before workers are launched."""
+
     # -- ranks ------------------------------------------------------------------------------
 
     @property

@@ -23,9 +23,10 @@ class TrainingLoopSteps(Protocol):
     """What the fit loop offers a policy to build one item of training data out of."""
 
     def forward_backward(
-        self, batch: Any, batch_idx: int, scale_loss: Callable[[torch.Tensor], torch.Tensor]
+        self, batch: Any, batch_idx: int, scale_loss: Callable[[torch.Tensor], torch.Tensor] | None
     ) -> tuple[Any, bool]:
-        """``training_step`` and backward on its (scaled) loss; whether backward ran."""
+        """``training_step`` and backward on its loss (scaled by ``scale_loss`` unless ``None``); whether
+        backward ran."""
 
     def step_optimizers(self) -> None:
         """Clip, step and zero the optimizers if the window has gradients, and count the step."""
@@ -96,6 +97,19 @@ class TrainerAccumulation(MicroBatchAccumulation):
         pass
 
 
+class StepEveryBatch(TrainerAccumulation):
+    """No accumulation: every batch ends with an optimizer step, there is no loss to scale and no sync to
+    skip, so the per-batch path enters no context and makes no call that would do nothing."""
+
+    def __init__(self) -> None:
+        super().__init__(1, _always_synced)
+
+    def run_batch(self, batch: Any, batch_idx: int, is_boundary: bool, loop: TrainingLoopSteps) -> Any:
+        output, _ = loop.forward_backward(batch, batch_idx, None)
+        loop.step_optimizers()
+        return output
+
+
 class EngineAccumulation(MicroBatchAccumulation):
     """The strategy's engine sums gradients and steps itself: told every boundary, stepped every micro-batch."""
 
@@ -146,7 +160,9 @@ def accumulation_policy(strategy: Strategy, accumulate: int, optimizers: Sequenc
         return EngineTrainingSteps(strategy.run_training_steps, strategy.optimizer_steps_per_call)
     if isinstance(strategy, OwnsAccumulation):
         return EngineAccumulation(strategy, strategy.set_accumulation_boundary, optimizers, accumulate)
-    if accumulate > 1 and isinstance(strategy, BackwardSyncControl):
+    if accumulate == 1:
+        return StepEveryBatch()
+    if isinstance(strategy, BackwardSyncControl):
         return TrainerAccumulation(accumulate, strategy.no_backward_sync)
     return TrainerAccumulation(accumulate, _always_synced)
 

@@ -56,6 +56,8 @@ class FitLoop:
         self.accumulation = accumulation_policy(self.strategy, self.accumulate, self.optimizers)
         self.at_step_boundary = step_boundary_callback(self.strategy)
         self.feed = batch_feed(self.strategy)
+        self.to_device = self.strategy.batch_to_device
+        self.stop_at_step = settings.max_steps if settings.max_steps != -1 else None
         self.backward_optimizer = self.optimizers[0] if len(self.optimizers) == 1 else None
         # A strategy that steps the schedulers itself gets none stepped here, per step or per epoch.
         self.scheduler_configs = [] if self.strategy.steps_lr_schedulers else trainer.lr_scheduler_configs
@@ -101,8 +103,8 @@ class FitLoop:
         hooks.call("on_fit_end", trainer, module)
 
     def _done(self) -> bool:
-        max_steps = self.settings.max_steps
-        return self.trainer.should_stop or (max_steps != -1 and self.progress.global_step >= max_steps)
+        stop_at = self.stop_at_step
+        return self.trainer.should_stop or (stop_at is not None and self.progress.global_step >= stop_at)
 
     def _epochs_done(self) -> bool:
         max_epochs = self.settings.max_epochs
@@ -151,9 +153,10 @@ class FitLoop:
         self.hooks.call("on_train_epoch_start", trainer, module)
         self._window_has_grad = False
         finished = True
+        train_batch, done = self._train_batch, self._done
         for batch_idx, batch in enumerate(batches, start=skip):
-            self._train_batch(batch, batch_idx)
-            if self._done():
+            train_batch(batch, batch_idx)
+            if done():
                 finished = self.num_batches is not None and progress.batches_in_epoch >= self.num_batches
                 break
         if progress.batches_in_epoch == 0:
@@ -235,13 +238,13 @@ class FitLoop:
     # -- one batch ------------------------------------------------------------------------------
 
     def _train_batch(self, batch: Any, batch_idx: int) -> None:
-        trainer, module, strategy, progress = self.trainer, self.module, self.strategy, self.progress
+        trainer, module, progress = self.trainer, self.module, self.progress
         self.metrics.batch = batch
         for hook in self._batch_start_hooks:
             hook(trainer, module, batch, batch_idx)
         if self._module_batch_start:
             module.on_train_batch_start(batch, batch_idx)
-        batch = strategy.batch_to_device(batch)
+        batch = self.to_device(batch)
         accumulate = self.accumulate
         boundary = accumulate == 1 or (batch_idx + 1) % accumulate == 0 or batch_idx + 1 == self.num_batches
         output = self.accumulation.run_batch(batch, batch_idx, boundary, self)
@@ -259,15 +262,16 @@ class FitLoop:
     # -- what a policy builds one item of training data out of (TrainingLoopSteps) ------------------
 
     def forward_backward(
-        self, batch: Any, batch_idx: int, scale_loss: Callable[[torch.Tensor], torch.Tensor]
+        self, batch: Any, batch_idx: int, scale_loss: Callable[[torch.Tensor], torch.Tensor] | None
     ) -> tuple[Any, bool]:
         strategy = self.strategy
         output = strategy.run_step("training_step", batch, batch_idx)
-        loss = _loss_of(output)
+        loss = output if type(output) is torch.Tensor else _loss_of(output)
         if loss is None:
             return output, False
-        self.context.last_loss = loss.detach()
-        strategy.backward(scale_loss(loss), self.backward_optimizer)
+        # Kept as returned (a detach per step costs more than the rest of this method); read as a float only.
+        self.context.last_loss = loss
+        strategy.backward(loss if scale_loss is None else scale_loss(loss), self.backward_optimizer)
         self.at_step_boundary("after_backward")
         self._window_has_grad = True
         return output, True

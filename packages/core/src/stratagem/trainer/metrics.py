@@ -112,8 +112,9 @@ class LoggedMetrics:
             on_step = stage == "train_step"
         if on_epoch is None:
             on_epoch = stage != "train_step"
-        tensor = _as_tensor(value, name)
-        name = name + self.suffix
+        tensor = value.detach() if isinstance(value, torch.Tensor) and value.numel() == 1 else _as_tensor(value, name)
+        if self.suffix:
+            name = name + self.suffix
         if stage == "train_epoch":
             # At the end of an epoch there is nothing left to aggregate over: the value counts now.
             epoch_value = self._strategy.reduce(tensor, op=fx) if sync_dist else tensor

@@ -25,7 +25,8 @@ class RunContext:
     hooks: CallbackHooks
     """Calls the callbacks' hooks."""
     last_loss: torch.Tensor | None = field(default=None)
-    """The last training step's loss (detached), shown as ``loss`` on the progress bar."""
+    """The last training step's loss as ``training_step`` returned it (its graph already freed by backward),
+    shown as ``loss`` on the progress bar; only ever read as a float."""
 
     @classmethod
     def for_callbacks(cls, callbacks: Sequence[Callback], metrics: LoggedMetrics | None = None) -> RunContext:

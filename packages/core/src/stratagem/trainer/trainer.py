@@ -181,7 +181,7 @@ class Trainer:
     def progress_bar_metrics(self) -> dict[str, float]:
         """``loss`` and the metrics logged with ``prog_bar=True``, as floats (reading them syncs the device)."""
         last_loss = self._context.last_loss
-        metrics = {"loss": float(last_loss)} if last_loss is not None else {}
+        metrics = {"loss": float(last_loss.detach())} if last_loss is not None else {}
         metrics.update(self._context.metrics.progress_bar_metrics())
         return metrics
 
@@ -334,6 +334,7 @@ class Trainer:
         if not isinstance(weights_only, bool):
             raise TypeError(f"weights_only={weights_only!r} is not valid; expected True or False.")
         planned = self._plan_strategy(module) if stage == "fit" and self._auto_request is not None else None
+        self.strategy.check_run(stage)
         checkpoint = resolve_ckpt_path(self, ckpt_path, stage)
         loaders = [as_loader_list(value, name) for value, name in zip(dataloaders, _ARGUMENT_NAMES[stage])]
         if self.settings.use_distributed_sampler and self.strategy.distributed_sampler_kwargs is not None:
@@ -363,7 +364,7 @@ class Trainer:
         request, self._auto_request = self._auto_request, None
         assert request is not None
         default = auto_strategy_name(self.strategy.world_size)
-        name, reason = choose_strategy(module, request, default)
+        name, reason = choose_strategy(module, request, default, device=self.strategy.root_device)
         if name != default:
             settings = self.strategy.loop_settings
             self.strategy = resolve(strategy=name, **request.resolve_kwargs())
