@@ -230,3 +230,120 @@ def test_every_nvme_swapper_of_the_runs_gives_its_page_locked_buffers_back(seque
     for rank in sequence:
         assert rank["swappers_made"] >= 6  # at least one per run: fit, validate, test, predict, fit, fit
         assert rank["swappers_holding_buffers"] == 0
+
+
+# -- optimizer sub-groups large enough to be swapped to NVMe -----------------------------------------------------
+
+SWAPPED_SUB_GROUP_SIZE = 250_000
+"""Elements of each rank's partition per optimizer sub-group: each weight of WideNet (294,912 per rank) closes one,
+above DeepSpeed's smallest swappable tensor (1 MiB, 262,144 fp32 elements), so those four live in the swap files,
+unlike the sub-groups of the models above. The last bias makes a fifth, too small to swap."""
+
+
+class WideNet(nn.Module):
+    """About 2.4 million parameters in four layers."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.Sequential(nn.Linear(768, 768), nn.Linear(768, 768), nn.Linear(768, 768), nn.Linear(768, 768))
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        return self.layers(features)
+
+
+def _wide_run(nvme_path: str, name: str = "deepspeed_stage_3_offload_nvme") -> tuple[Any, nn.Module, Any]:
+    options = {"nvme_path": nvme_path} if name.endswith("nvme") else {}
+    strategy = registry.strategies.create(name, sub_group_size=SWAPPED_SUB_GROUP_SIZE, **options)
+    strategy = stratagem.resolve(strategy=strategy, accelerator="cpu", devices=2)
+    strategy.connect_loop_settings(LoopSettings())
+    strategy.setup_environment()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with strategy.module_init_context():
+            torch.manual_seed(0)
+            model = WideNet()
+        model = strategy.setup_module(model)
+        [optimizer] = strategy.setup_optimizers([torch.optim.Adam(model.parameters(), lr=1e-3)])
+    return strategy, model, optimizer
+
+
+def _wide_step(strategy: Any, model: nn.Module, optimizer: Any, step: int) -> None:
+    generator = torch.Generator().manual_seed(100 * step + strategy.global_rank)
+    loss = model(torch.randn(4, 768, generator=generator)).square().mean()
+    strategy.backward(loss, optimizer)
+    strategy.optimizer_step(optimizer)
+    strategy.zero_grad(optimizer)
+
+
+def _save_with_swapped_sub_groups_then_step(root: str) -> dict[str, Any]:
+    from stratagem_deepspeed.nvme_swap import swapped_optimizer_sub_groups
+
+    strategy, model, optimizer = _wide_run(str(Path(root) / "nvme"))
+    _wide_step(strategy, model, optimizer, 0)
+    swapped = swapped_optimizer_sub_groups(strategy.engine.optimizer)
+    strategy.save_checkpoint(Path(root) / "checkpoint", {"module": model, "optimizers": [optimizer]})
+    at_save = strategy.module_full_state_dict()
+    _wide_step(strategy, model, optimizer, 1)
+    return {"swapped": swapped, "at_save": at_save, "after_next_step": strategy.module_full_state_dict()}
+
+
+def _resume_with_swapped_sub_groups_refused(root: str) -> tuple[str, dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    strategy, model, optimizer = _wide_run(str(Path(root) / "nvme-resumed"))
+    before = strategy.module_full_state_dict()
+    try:
+        strategy.load_checkpoint(Path(root) / "checkpoint", {"module": model, "optimizers": [optimizer]})
+        error = ""
+    except RuntimeError as refused:
+        error = str(refused)
+    return error, before, strategy.module_full_state_dict()
+
+
+def _resume_with_the_optimizer_on_cpu_then_step(root: str) -> dict[str, torch.Tensor]:
+    strategy, model, optimizer = _wide_run("", name="deepspeed_stage_3_offload")
+    strategy.load_checkpoint(Path(root) / "checkpoint", {"module": model, "optimizers": [optimizer]})
+    _wide_step(strategy, model, optimizer, 1)
+    return strategy.module_full_state_dict()
+
+
+@pytest.fixture(scope="module")
+def swapped_sub_groups(tmp_path_factory) -> tuple[Path, dict[str, Any], Any, dict[str, torch.Tensor]]:
+    root = tmp_path_factory.mktemp("swapped")
+    with DistributedWorkers(2, env=WORKER_ENV) as workers:
+        saved = workers.run(_save_with_swapped_sub_groups_then_step, str(root), timeout=840)[0]
+        refused = workers.run(_resume_with_swapped_sub_groups_refused, str(root), timeout=840)
+        resumed = workers.run(_resume_with_the_optimizer_on_cpu_then_step, str(root), timeout=840)[0]
+    return root / "checkpoint", saved, refused, resumed
+
+
+def test_a_checkpoint_with_optimizer_sub_groups_swapped_to_nvme_holds_their_master_weights(swapped_sub_groups):
+    from stratagem_deepspeed.checkpoint_io import read_checkpoint
+
+    path, saved, _, _ = swapped_sub_groups
+    assert saved["swapped"] == [0, 1, 2, 3]
+    checkpoint = read_checkpoint(path)
+    assert checkpoint["module"].keys() == saved["at_save"].keys()
+    for name, value in saved["at_save"].items():
+        torch.testing.assert_close(checkpoint["module"][name], value, atol=0, rtol=0, msg=name)
+    [optimizer_state] = checkpoint["optimizers"]
+    assert len(optimizer_state["state"]) == len(saved["at_save"])
+    for per_parameter in optimizer_state["state"].values():
+        assert per_parameter["exp_avg_sq"].abs().sum() > 0
+
+
+def test_a_checkpoint_with_swapped_sub_groups_resumes_with_the_optimizer_on_cpu_like_the_run_that_saved_it(
+    swapped_sub_groups,
+):
+    _, saved, _, resumed = swapped_sub_groups
+    assert not torch.equal(saved["after_next_step"]["layers.0.weight"], saved["at_save"]["layers.0.weight"])
+    for name, value in saved["after_next_step"].items():
+        torch.testing.assert_close(resumed[name], value, atol=1e-6, rtol=0, msg=name)
+
+
+def test_loading_into_a_run_with_swapped_sub_groups_is_refused_before_changing_anything(swapped_sub_groups):
+    _, _, refused, _ = swapped_sub_groups
+    for error, _, _ in refused:
+        assert "4 of the optimizer's 5 sub-groups are swapped out to NVMe" in error
+        assert "offload_optimizer_device='cpu'" in error
+    _, before, after = refused[0]
+    for name, value in before.items():
+        torch.testing.assert_close(after[name], value, atol=0, rtol=0, msg=name)

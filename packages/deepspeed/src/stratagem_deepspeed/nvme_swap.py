@@ -10,9 +10,11 @@ last ones' until the host ran out of memory.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
+import torch
 from torch import nn
 
 
@@ -45,3 +47,47 @@ def release_swap_buffers(swapper: Any, parameters: Iterable[nn.Parameter]) -> No
             swapper.aio_read_handle.free_cpu_locked_tensor(buffer)
             setattr(swapper, name, None)
     swapper.partitioned_swap_pool = None
+
+
+def swapped_optimizer_sub_groups(optimizer: Any) -> list[int]:
+    """The ZeRO-3 optimizer sub-groups whose fp32 partition and optimizer state live in NVMe swap files.
+
+    DeepSpeed swaps a sub-group out only once its partition reaches the swapper's smallest swappable size
+    (1 MiB by default); smaller ones stay in memory. ``optimizer`` is the engine's optimizer (any other
+    has none).
+    """
+    is_swappable = getattr(optimizer, "_swappable_optimizer_subgroup", None)
+    if is_swappable is None or not getattr(optimizer, "swap_optimizer", False):
+        return []
+    return [index for index in range(len(optimizer.fp16_groups)) if is_swappable(index)]
+
+
+@contextmanager
+def swapped_optimizer_state_in_memory(optimizer: Any) -> Iterator[None]:
+    """Hold a copy of every swapped-out sub-group's fp32 partition and optimizer state in host memory.
+
+    Between steps DeepSpeed keeps those tensors empty (their values are in the swap files), and its
+    ``state_dict`` saves them as they are: a checkpoint with no master weights, which loads nowhere.
+    Inside the block they hold their values, read one sub-group at a time through the swapper's
+    page-locked buffers; on leaving they are emptied again. The swap files are only read, never written.
+    Costs host memory for the whole fp32 partition and its optimizer state while the block lasts.
+    """
+    swapper: Any = getattr(optimizer, "optimizer_swapper", None)
+    held: list[Any] = []
+    try:
+        for index in swapped_optimizer_sub_groups(optimizer):
+            partition = optimizer.fp32_partitioned_groups_flat[index]
+            gradient = partition.grad
+            swapper.swap_in_optimizer_state(parameter=partition)
+            swap_info = swapper._get_param_swap_info(partition)
+            copies = [tensor.compute_tensor.data.clone() for tensor in swap_info.tensors]
+            # Gives the page-locked buffers back and empties the tensors: the next sub-group needs them.
+            swapper.release_swap_buffers(partition)
+            partition.grad = gradient
+            for tensor, copy in zip(swap_info.tensors, copies):
+                tensor.compute_tensor.data = copy
+                held.append(tensor)
+        yield
+    finally:
+        for tensor in held:
+            tensor.compute_tensor.data = torch.Tensor()

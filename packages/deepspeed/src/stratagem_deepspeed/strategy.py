@@ -44,7 +44,12 @@ from stratagem_deepspeed.environment import (
 )
 from stratagem_deepspeed.lightning_options import parse_lightning_options, upgrade_boolean_offload
 from stratagem_deepspeed.memory import deepspeed_estimate
-from stratagem_deepspeed.nvme_swap import release_swap_buffers, swappers_of
+from stratagem_deepspeed.nvme_swap import (
+    release_swap_buffers,
+    swapped_optimizer_state_in_memory,
+    swapped_optimizer_sub_groups,
+    swappers_of,
+)
 from stratagem_deepspeed.stage_3_release import release_partitioned_parameters
 
 if TYPE_CHECKING:
@@ -449,7 +454,9 @@ class DeepSpeedStrategy(ParallelStrategy, OwnsAccumulation):
             move_into_place(temporary, target)
 
         with layout.removed_on_error(temporary):
-            self.engine.save_checkpoint(str(temporary))
+            # DeepSpeed would save optimizer sub-groups swapped out to NVMe as empty tensors.
+            with swapped_optimizer_state_in_memory(self.engine.optimizer):
+                self.engine.save_checkpoint(str(temporary))
             # The directory is whole only once every rank has written its shards into it.
             self.barrier("save_checkpoint: shards written")
             self.write_on_rank_zero(publish, f"save_checkpoint({str(target)!r})")
@@ -478,9 +485,27 @@ class DeepSpeedStrategy(ParallelStrategy, OwnsAccumulation):
         self, path: PathLike, state: dict[str, Any], strict: bool = True, weights_only: bool = True
     ) -> dict[str, Any]:
         directory = Path(path)
+        self._refuse_loading_into_swapped_optimizer_state(path)
         if self._resumable(directory, weights_only):
             return self._resume(directory, state, strict, weights_only)
         return self._load_full_weights(directory, state, strict, weights_only)
+
+    def _refuse_loading_into_swapped_optimizer_state(self, path: PathLike) -> None:
+        # DeepSpeed 0.19.8 loads neither the weights nor the optimizer state of a sub-group swapped out to NVMe:
+        # the run would go on from its initial weights. ZeRO-3 partitions, and so what is swapped, are alike
+        # on every rank, so every rank decides alike.
+        if self._engine is None or self.engine.optimizer is None:
+            return
+        swapped = swapped_optimizer_sub_groups(self.engine.optimizer)
+        if swapped:
+            raise RuntimeError(
+                f"DeepSpeedStrategy cannot load_checkpoint({str(path)!r}) into this run: {len(swapped)} of the "
+                f"optimizer's {len(self.engine.optimizer.fp16_groups)} sub-groups are swapped out to NVMe, and "
+                "DeepSpeed loads neither their weights nor their optimizer state (training would go on from the "
+                "initial weights). Nothing was loaded. Resume with the optimizer offloaded to the CPU "
+                "(offload_optimizer_device='cpu', e.g. 'deepspeed_stage_3_offload'; parameters may stay on NVMe), "
+                "which reads this checkpoint whole."
+            )
 
     def _resumable(self, directory: Path, weights_only: bool) -> bool:
         """Whether DeepSpeed's engine can load ``directory`` as it is: same layout, stage and world size."""
