@@ -40,8 +40,6 @@ def cpu_bucket_elements(largest_parameter: int) -> int:
 def fitted_sizes(config: Mapping[str, Any], largest_parameter: int) -> dict[str, Any]:
     """``config`` (a copy) with the sizes it leaves out of ``zero_optimization`` fitted to a model whose
     largest parameter has ``largest_parameter`` elements, for a run on the CPU. Sizes the config sets stay."""
-    fitted = copy.deepcopy(dict(config))
-    zero = fitted.setdefault("zero_optimization", {})
     bucket = cpu_bucket_elements(largest_parameter)
     defaults = {
         "reduce_bucket_size": bucket,
@@ -50,22 +48,26 @@ def fitted_sizes(config: Mapping[str, Any], largest_parameter: int) -> dict[str,
         "stage3_max_reuse_distance": bucket,
         "stage3_max_live_parameters": LIVE_BUCKETS * bucket,
     }
-    if zero_stage(fitted) == 3:
+    if zero_stage(config) == 3:
         # The step's temporaries, the gradient buffer and NVMe's page-locked swap buffers are each as large as
         # the largest sub-group.
         defaults["sub_group_size"] = bucket
-    for key, value in defaults.items():
-        zero.setdefault(key, value)
-    return fitted
+    return _with_zero_defaults(config, defaults)
 
 
 def gpu_sizes(config: Mapping[str, Any]) -> dict[str, Any]:
     """``config`` (a copy) with Lightning's bucket sizes where it leaves them out: off the CPU they live in
     accelerator memory, where DeepSpeed's sizes are tuned for bandwidth."""
+    return _with_zero_defaults(
+        config, {"reduce_bucket_size": GPU_BUCKET_ELEMENTS, "allgather_bucket_size": GPU_BUCKET_ELEMENTS}
+    )
+
+
+def _with_zero_defaults(config: Mapping[str, Any], defaults: Mapping[str, Any]) -> dict[str, Any]:
     fitted = copy.deepcopy(dict(config))
     zero = fitted.setdefault("zero_optimization", {})
-    for key in ("reduce_bucket_size", "allgather_bucket_size"):
-        zero.setdefault(key, GPU_BUCKET_ELEMENTS)
+    for key, value in defaults.items():
+        zero.setdefault(key, value)
     return fitted
 
 
