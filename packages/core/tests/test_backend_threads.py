@@ -28,8 +28,9 @@ PROBE = textwrap.dedent(
 
 
 def test_gloo_worker_threads_are_found_and_seen_idle_after_collectives():
-    # The wait finds the workers by the thread name PyTorch gives them; if a PyTorch upgrade
-    # renamed them, the wait would silently do nothing, and this test says so.
+    # The wait finds the workers by the thread name PyTorch gives them (or, on a torch that names
+    # none, by the name they inherit); if a PyTorch upgrade renamed them, the wait would silently
+    # do nothing, and this test says so.
     result = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=100)
     assert result.returncode == 0, result.stderr
     # torch 2.9 prints Gloo's "Rank 0 is connected to 0 peer ranks" to stdout first.

@@ -8,14 +8,21 @@ with SIGABRT, which the launcher rightly reports as a failed rank. Destroying th
 does not stop those threads (once DDP or FSDP has used the group, its C++ object outlives
 ``destroy_process_group`` and even the wrapped module), so the only safe point is to wait until
 they are idle.
+
+PyTorch 2.13 names those workers ``pt_gloo_runloop``; 2.9 leaves them with the name every thread
+inherits from the process (``python``), like the process's own Python threads. Where no thread
+carries Gloo's names, every thread with the inherited name except the caller is waited for: an idle
+Python thread is seen asleep at once, so this costs nothing more than the observations.
 """
 
 from __future__ import annotations
 
 import os
+import threading
 import time
 
 _GLOO_WORKER_THREAD_NAME = "pt_gloo_runloop"
+_GLOO_THREAD_NAMES = frozenset({_GLOO_WORKER_THREAD_NAME, "gloo_tcp_loop"})
 _SETTLE_INTERVAL_SECONDS = 0.002
 _IDLE_OBSERVATIONS_REQUIRED = 2
 
@@ -43,19 +50,30 @@ def wait_for_idle_gloo_workers(timeout: float = 2.0) -> bool:
 
 def _gloo_worker_threads() -> list[str] | None:
     """Thread ids of this process's Gloo workers; None where /proc does not show threads."""
+    names = _thread_names()
+    if names is None:
+        return None
+    named = [thread for thread, name in names.items() if name == _GLOO_WORKER_THREAD_NAME]
+    if named or _GLOO_THREAD_NAMES & set(names.values()):
+        return named
+    inherited = names.get(str(os.getpid()))
+    caller = str(threading.get_native_id())
+    return [thread for thread, name in names.items() if name == inherited and thread != caller]
+
+
+def _thread_names() -> dict[str, str] | None:
     try:
         threads = os.listdir("/proc/self/task")
     except OSError:
         return None
-    workers = []
+    names = {}
     for thread in threads:
         try:
             with open(f"/proc/self/task/{thread}/comm") as comm:
-                if comm.read().strip() == _GLOO_WORKER_THREAD_NAME:
-                    workers.append(thread)
+                names[thread] = comm.read().strip()
         except OSError:
             continue
-    return workers
+    return names
 
 
 def _is_asleep(thread: str) -> bool:
