@@ -1,3 +1,5 @@
+import os
+
 import pytest
 import torch
 from torch import nn
@@ -12,6 +14,7 @@ from stratagem_deepspeed.buffer_sizes import (
     fitted_sizes,
     gpu_sizes,
 )
+from stratagem_deepspeed.memory import RELEASING_STEP_TIME
 
 
 class Stack(nn.Module):
@@ -184,3 +187,38 @@ def test_auto_chooses_zero_3_when_only_zero_3_fits_and_says_what_stage_2_would_n
     assert reason is not None
     assert reason.startswith("auto → deepspeed_stage_3: ")
     assert "deepspeed_stage_2 would need" in reason
+
+
+def test_on_the_cpu_ranks_return_freed_memory_by_default_and_the_plan_counts_the_slower_step(footprint):
+    releasing = stratagem.resolve(accelerator="cpu", strategy=DeepSpeedStrategy(stage=3), devices=2)
+    keeping = stratagem.resolve(
+        accelerator="cpu", strategy=DeepSpeedStrategy(stage=3, release_host_memory=False), devices=2
+    )
+    assert releasing.releases_host_memory
+    assert not keeping.releases_host_memory
+    slower = releasing.estimate_memory(footprint).relative_step_time
+    assert slower == pytest.approx(keeping.estimate_memory(footprint).relative_step_time * RELEASING_STEP_TIME)
+
+
+def test_setting_up_a_releasing_rank_asks_the_allocator_to_return_freed_memory(monkeypatch):
+    import stratagem_deepspeed.strategy as module
+
+    asked = []
+    monkeypatch.setattr(module, "release_freed_host_memory", lambda: asked.append(True))
+    for release in (False, None):
+        strategy = stratagem.resolve(
+            accelerator="cpu", strategy=DeepSpeedStrategy(stage=3, release_host_memory=release), devices=1
+        )
+        monkeypatch.setattr(type(strategy).__mro__[1], "setup_environment", lambda self: None)
+        # setup_environment exports the rank for DeepSpeed; the test's process keeps its own variables.
+        monkeypatch.setattr(os, "environ", dict(os.environ))
+        monkeypatch.setattr(module, "import_deepspeed", lambda: pytest.fail("stop after the allocator"))
+        with pytest.raises(pytest.fail.Exception, match="stop after the allocator"):
+            strategy.setup_environment()
+    assert asked == [True]
+
+
+@pytest.mark.parametrize("value", ["yes", 1, 0.0])
+def test_release_host_memory_takes_only_a_boolean_or_none(value):
+    with pytest.raises(TypeError, match="release_host_memory"):
+        DeepSpeedStrategy(release_host_memory=value)

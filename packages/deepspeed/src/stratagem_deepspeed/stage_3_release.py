@@ -18,8 +18,13 @@ def release_partitioned_parameters(module: nn.Module) -> None:
         return
     import deepspeed
 
-    with deepspeed.zero.GatheredParameters(partitioned, modifier_rank=None):
-        full = {id(parameter): parameter.data.detach().clone() for parameter in partitioned}
+    full = {}
+    # One at a time: gathered all at once they were held twice (gathered and cloned) on top of the run's
+    # states, on every rank, the peak of a whole ZeRO-3 fit on the CPU (5.25 GiB per rank against 3.85 GiB
+    # in training for 311M parameters).
+    for parameter in partitioned:
+        with deepspeed.zero.GatheredParameters([parameter], modifier_rank=None):
+            full[id(parameter)] = parameter.data.detach().clone()
     for submodule in module.modules():
         for name, parameter in list(submodule.named_parameters(recurse=False)):
             if id(parameter) in full:

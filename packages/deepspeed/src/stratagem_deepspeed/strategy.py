@@ -9,6 +9,7 @@ import os
 import sys
 import warnings
 from collections.abc import Iterator, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
@@ -23,6 +24,7 @@ from stratagem.strategies import (
     ModelFootprint,
     OwnsAccumulation,
     ParallelStrategy,
+    release_freed_host_memory,
     skip_parameter_init,
     split_parallel_options,
 )
@@ -43,7 +45,7 @@ from stratagem_deepspeed.environment import (
     select_deepspeed_accelerator,
 )
 from stratagem_deepspeed.lightning_options import parse_lightning_options, upgrade_boolean_offload
-from stratagem_deepspeed.memory import deepspeed_estimate
+from stratagem_deepspeed.memory import RELEASING_STEP_TIME, deepspeed_estimate
 from stratagem_deepspeed.nvme_swap import (
     release_swap_buffers,
     swapped_optimizer_state_in_memory,
@@ -117,6 +119,7 @@ class DeepSpeedStrategy(ParallelStrategy, OwnsAccumulation):
         overlap_comm: bool = True,
         logging_level: int = logging.WARNING,
         save_full_weights: bool = False,
+        release_host_memory: bool | None = None,
         config: Mapping[str, Any] | str | os.PathLike[str] | None = None,
         **options: Any,
     ) -> None:
@@ -149,6 +152,12 @@ class DeepSpeedStrategy(ParallelStrategy, OwnsAccumulation):
         self.user_config = load_config(config)
         self.logging_level = logging_level
         self.save_full_weights = save_full_weights
+        if release_host_memory is not None and not isinstance(release_host_memory, bool):
+            raise TypeError(
+                f"DeepSpeedStrategy(release_host_memory={release_host_memory!r}) is not valid; expected None "
+                "(yes on the CPU accelerator), True or False."
+            )
+        self._release_host_memory = release_host_memory
         self._loop_settings_connected = False
         self._config: dict[str, Any] | None = None
         self._engine: DeepSpeedEngine | None = None
@@ -241,7 +250,19 @@ class DeepSpeedStrategy(ParallelStrategy, OwnsAccumulation):
                 # Without the module, the largest block bounds its largest parameter.
                 largest = footprint.largest_unit_bytes * footprint.parameters // max(1, footprint.parameter_bytes)
             config = fitted_sizes(config, largest)
-        return deepspeed_estimate(footprint, config, self.world_size)
+        estimate = deepspeed_estimate(footprint, config, self.world_size)
+        if self.releases_host_memory:
+            estimate = replace(estimate, relative_step_time=estimate.relative_step_time * RELEASING_STEP_TIME)
+        return estimate
+
+    @property
+    def releases_host_memory(self) -> bool:
+        """Whether each rank has the allocator return freed tensors' memory at once (``release_host_memory``):
+        by default on the CPU accelerator, where the engine's memory is host memory and the heap otherwise keeps
+        what every step frees (see :func:`stratagem.strategies.release_freed_host_memory`)."""
+        if self._release_host_memory is not None:
+            return self._release_host_memory
+        return self.accelerator.device_type == "cpu"
 
     @property
     def checkpoint_io(self) -> CheckpointIO:
@@ -276,6 +297,8 @@ class DeepSpeedStrategy(ParallelStrategy, OwnsAccumulation):
             }
         )
         super().setup_environment()
+        if self.releases_host_memory:
+            release_freed_host_memory()
         deepspeed = import_deepspeed()
         deepspeed.utils.logging.logger.setLevel(self.logging_level)
         deepspeed.init_distributed(dist_backend=self.process_group_backend, timeout=self.timeout)
@@ -583,6 +606,7 @@ class DeepSpeedStrategy(ParallelStrategy, OwnsAccumulation):
         released: list[nn.Parameter] = []
         if self._engine is not None and self.zero_stage == 3:
             released = [parameter for parameter in self.module.parameters() if hasattr(parameter, "ds_id")]
+            self._drop_optimizer_state()
             # Whole again for the caller and for the next run in this process (test after fit), whose
             # process group the old partitions do not know.
             release_partitioned_parameters(self.module)
@@ -591,6 +615,16 @@ class DeepSpeedStrategy(ParallelStrategy, OwnsAccumulation):
         self._engine = None
         self._release_nvme_swappers(released)
         super().teardown()
+
+    def _drop_optimizer_state(self) -> None:
+        """Free the optimizer's per-element state (AdamW's moments) before the whole module is gathered: the
+        engine ends with this run, so nothing reads it again, and its memory makes room for the full weights.
+        Swapped (NVMe) state is left to its swapper."""
+        if offload_devices(self.config).get("optimizer") == "nvme":
+            return
+        inner = getattr(getattr(self._engine, "optimizer", None), "optimizer", None)
+        if isinstance(inner, Optimizer):
+            inner.state.clear()
 
     def _release_nvme_swappers(self, released: list[nn.Parameter]) -> None:
         """Free the buffers of every NVMe swapper this run made that no partitioned parameter of the module

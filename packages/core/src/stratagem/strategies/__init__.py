@@ -11,6 +11,7 @@ from stratagem.strategies.capabilities import (
     StepBoundary,
     StepBoundaryListener,
 )
+from stratagem.strategies.host_allocator import release_freed_host_memory
 from stratagem.strategies.init_contexts import skip_parameter_init
 from stratagem.strategies.memory import MemoryEstimate, ModelFootprint, replicated_estimate
 from stratagem.strategies.parallel import ParallelOptions, ParallelStrategy, split_parallel_options
@@ -36,6 +37,7 @@ __all__ = [
     "StepBoundaryListener",
     "Strategy",
     "StrategyOptions",
+    "release_freed_host_memory",
     "replicated_estimate",
     "skip_parameter_init",
     "split_parallel_options",

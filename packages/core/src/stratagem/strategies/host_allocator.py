@@ -1,0 +1,43 @@
+"""Having the C allocator hand the memory of freed tensors back to the system at once.
+
+glibc serves allocations of 128 KiB and more from mappings of their own, but each time such a block is
+freed it raises that threshold (up to 32 MiB), so the tensors a training step makes and frees (buckets,
+gathered parameters, the optimizer's temporaries) soon come from the heap, where freed memory stays
+with the process and fragments. Under DeepSpeed ZeRO-3 on the CPU (a 109M-parameter decoder, 2 ranks,
+8 steps) each rank then held 3.2-3.4 GiB at its peak while its live tensors and the interpreter took
+about 1.7 GiB. A fixed threshold returns every block above it to the system when it is freed: the peak
+fell to 1.71 GiB, and each step took 1.45x as long, since every large allocation now starts from fresh
+pages. A strategy whose point is memory can choose that trade; nothing does it behind the user's back.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import sys
+
+DEFAULT_RELEASE_THRESHOLD_BYTES = 1 << 20
+"""Blocks of 1 MiB and more are returned when freed; 4 MiB gave the same peak there, 16 MiB a 17% higher one."""
+
+_M_MMAP_THRESHOLD = -3
+
+
+def release_freed_host_memory(threshold_bytes: int = DEFAULT_RELEASE_THRESHOLD_BYTES) -> bool:
+    """From now on, this process's allocations of ``threshold_bytes`` or more get mappings of their own that
+    go back to the system when freed (glibc's ``mallopt(M_MMAP_THRESHOLD)``, which also stops the threshold
+    from rising). Returns whether the allocator took the setting: False, changing nothing, where the C library
+    is not glibc or glibc refuses the size."""
+    if not isinstance(threshold_bytes, int) or isinstance(threshold_bytes, bool) or not 0 < threshold_bytes < 2**31:
+        raise ValueError(
+            f"threshold_bytes={threshold_bytes!r} is not valid; expected a positive number of bytes below 2 GiB."
+        )
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None)
+        libc.gnu_get_libc_version  # noqa: B018 - present only in glibc, whose mallopt takes M_MMAP_THRESHOLD
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return False
+    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+    mallopt.restype = ctypes.c_int
+    return bool(mallopt(_M_MMAP_THRESHOLD, threshold_bytes))
