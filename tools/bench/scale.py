@@ -243,7 +243,8 @@ class DiskPeak:
         self.peak = max(self.peak, _disk_bytes(self.directories))
 
 
-def _run_capped(cap: MemoryCap, argv: list[str], timeout: float) -> tuple[int, float]:
+def _run_capped(cap: MemoryCap, argv: list[str], timeout: float) -> tuple[int, float, str]:
+    """Exit code, seconds and what ``strategy="auto"`` said it chose (empty when it said nothing)."""
     start = time.perf_counter()
     environment = {**os.environ, "MALLOC_ARENA_MAX": "2", "DS_ACCELERATOR": "cpu"}
     try:
@@ -256,11 +257,13 @@ def _run_capped(cap: MemoryCap, argv: list[str], timeout: float) -> tuple[int, f
             text=True,
         )
         code = completed.returncode
+        stderr = completed.stderr
         if code != 0:
-            sys.stderr.write(completed.stderr[-3000:])
+            sys.stderr.write(stderr[-3000:])
     except subprocess.TimeoutExpired:
-        code = -1
-    return code, time.perf_counter() - start
+        code, stderr = -1, ""
+    chosen = [line for line in stderr.splitlines() if line.startswith("stratagem: auto")]
+    return code, time.perf_counter() - start, chosen[0].removeprefix("stratagem: ") if chosen else ""
 
 
 def probe(
@@ -297,11 +300,13 @@ def probe(
         shape = ["--width", str(width), "--layers", str(layers), "--out", str(out), "--precision", precision]
         shape += ["--nvme-path", nvme_path]
         with DiskPeak([out, swap]) as disk:
-            code, seconds = _run_capped(cap, ["_worker", "fit", "--strategy", strategy, *shape], timeout)
+            code, seconds, chosen = _run_capped(cap, ["_worker", "fit", "--strategy", strategy, *shape], timeout)
         fit = [json.loads(path.read_text()) for path in sorted(out.glob("fit.rank*.json"))]
         result.update(
             fit_exit=code, fit_seconds=round(seconds, 1), cap_peak_bytes=cap.peak(), disk_peak_bytes=disk.peak
         )
+        if chosen:
+            result["auto"] = chosen
         if code != 0 or len(fit) != 2:
             result["passed"] = False
             result["failure"] = "out of memory (killed in the cap)" if code in (-9, 137) else f"exit {code}"
@@ -315,7 +320,7 @@ def probe(
             else (out / "checkpoint").stat().st_size
         )
         cap.reset_peak()
-        code, seconds = _run_capped(cap, ["_worker", "validate", "--strategy", validate_with, *shape], timeout)
+        code, seconds, _ = _run_capped(cap, ["_worker", "validate", "--strategy", validate_with, *shape], timeout)
         validated = [json.loads(path.read_text()) for path in sorted(out.glob("validate.rank*.json"))]
         result.update(validate_with=validate_with, validate_exit=code)
         result["val_loss"] = validated[0]["loss"] if validated else None
@@ -348,7 +353,7 @@ def _print(result: dict[str, Any]) -> None:
         f"checkpoint {result.get('checkpoint_bytes', 0) / gib:5.2f} GiB  "
         f"disk peak {result.get('disk_peak_bytes', 0) / gib:5.2f} GiB  "
         f"{result.get('seconds_per_step', math.nan):6.1f} s/step  "
-        f"estimate/rank {estimate / gib:5.2f} GiB ({error})  {result.get('failure', '')}",
+        f"estimate/rank {estimate / gib:5.2f} GiB ({error})  {result.get('failure', '')}  {result.get('auto', '')}",
         flush=True,
     )
 
