@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ctypes
 import subprocess
 import sys
 import textwrap
@@ -10,16 +9,9 @@ import textwrap
 import pytest
 
 from stratagem.strategies import release_freed_host_memory
+from stratagem.strategies.host_allocator import glibc
 
 pytestmark = pytest.mark.timeout(120)
-
-
-def _is_glibc() -> bool:
-    try:
-        ctypes.CDLL(None).gnu_get_libc_version  # noqa: B018
-    except (OSError, AttributeError):
-        return False
-    return sys.platform.startswith("linux")
 
 
 # Frees every other 4 MiB tensor of 64 while the rest stay alive, the way a training step frees its
@@ -45,7 +37,7 @@ FRAGMENTED_FREE = textwrap.dedent(
 )
 
 
-@pytest.mark.skipif(not _is_glibc(), reason="mallopt(M_MMAP_THRESHOLD) is glibc's")
+@pytest.mark.skipif(glibc() is None, reason="mallopt(M_MMAP_THRESHOLD) is glibc's")
 def test_freed_blocks_go_back_to_the_system_only_after_the_release_is_asked_for():
     def returned_share(mode: str) -> float:
         result = subprocess.run(

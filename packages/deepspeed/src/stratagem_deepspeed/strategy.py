@@ -586,7 +586,7 @@ class DeepSpeedStrategy(ParallelStrategy, OwnsAccumulation):
             elif _is_optimizers(target):
                 saved = remaining.pop(key, None)
                 # Optimizer state swapped to NVMe exists only in DeepSpeed's own swap files.
-                swapped = offload_devices(self.config).get("optimizer") == "nvme"
+                swapped = self._optimizer_state_on_nvme
                 if saved and self._engine is not None and self.engine.optimizer is not None and not swapped:
                     load_optimizer_state(self.engine, self._parameter_groups, saved[0])
                 elif self.is_global_zero:
@@ -620,11 +620,15 @@ class DeepSpeedStrategy(ParallelStrategy, OwnsAccumulation):
         """Free the optimizer's per-element state (AdamW's moments) before the whole module is gathered: the
         engine ends with this run, so nothing reads it again, and its memory makes room for the full weights.
         Swapped (NVMe) state is left to its swapper."""
-        if offload_devices(self.config).get("optimizer") == "nvme":
+        if self._optimizer_state_on_nvme:
             return
         inner = getattr(getattr(self._engine, "optimizer", None), "optimizer", None)
         if isinstance(inner, Optimizer):
             inner.state.clear()
+
+    @property
+    def _optimizer_state_on_nvme(self) -> bool:
+        return offload_devices(self.config).get("optimizer") == "nvme"
 
     def _release_nvme_swappers(self, released: list[nn.Parameter]) -> None:
         """Free the buffers of every NVMe swapper this run made that no partitioned parameter of the module

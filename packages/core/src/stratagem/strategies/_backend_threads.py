@@ -53,9 +53,8 @@ def _gloo_worker_threads() -> list[str] | None:
     names = _thread_names()
     if names is None:
         return None
-    named = [thread for thread, name in names.items() if name == _GLOO_WORKER_THREAD_NAME]
-    if named or _GLOO_THREAD_NAMES & set(names.values()):
-        return named
+    if _GLOO_THREAD_NAMES & set(names.values()):
+        return [thread for thread, name in names.items() if name == _GLOO_WORKER_THREAD_NAME]
     inherited = names.get(str(os.getpid()))
     caller = str(threading.get_native_id())
     return [thread for thread, name in names.items() if name == inherited and thread != caller]

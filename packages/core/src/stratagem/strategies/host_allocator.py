@@ -30,14 +30,23 @@ def release_freed_host_memory(threshold_bytes: int = DEFAULT_RELEASE_THRESHOLD_B
         raise ValueError(
             f"threshold_bytes={threshold_bytes!r} is not valid; expected a positive number of bytes below 2 GiB."
         )
-    if not sys.platform.startswith("linux"):
+    libc = glibc()
+    if libc is None:
         return False
-    try:
-        libc = ctypes.CDLL(None)
-        libc.gnu_get_libc_version  # noqa: B018 - present only in glibc, whose mallopt takes M_MMAP_THRESHOLD
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):
-        return False
+    mallopt = libc.mallopt
     mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
     mallopt.restype = ctypes.c_int
     return bool(mallopt(_M_MMAP_THRESHOLD, threshold_bytes))
+
+
+def glibc() -> ctypes.CDLL | None:
+    """This process's C library where it is glibc (whose ``mallopt`` takes ``M_MMAP_THRESHOLD``), else ``None``."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(None)
+        libc.gnu_get_libc_version  # noqa: B018 - present only in glibc
+        libc.mallopt  # noqa: B018
+    except (OSError, AttributeError):
+        return None
+    return libc
