@@ -7,17 +7,15 @@ only when ``strategy="local_sgd"`` is chosen.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from stratagem.exports import lazy_exports
 
 if TYPE_CHECKING:
     from stratagem_local_sgd.strategy import LocalSGDStrategy
 
-__all__ = ["LocalSGDStrategy"]
+__all__ = ["LocalSGDStrategy", "__version__"]
 
-
-def __getattr__(name: str) -> Any:
-    if name == "LocalSGDStrategy":
-        from stratagem_local_sgd.strategy import LocalSGDStrategy
-
-        return LocalSGDStrategy
-    raise AttributeError(f"module 'stratagem_local_sgd' has no attribute {name!r}")
+__getattr__, __dir__ = lazy_exports(
+    __name__, {"LocalSGDStrategy": "stratagem_local_sgd.strategy"}, "stratagem-local-sgd"
+)

@@ -7,17 +7,15 @@ load only when ``StepCountingStrategy`` is used.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from stratagem.exports import lazy_exports
 
 if TYPE_CHECKING:
     from stratagem_example_plugin.strategy import StepCountingStrategy
 
-__all__ = ["StepCountingStrategy"]
+__all__ = ["StepCountingStrategy", "__version__"]
 
-
-def __getattr__(name: str) -> Any:
-    if name == "StepCountingStrategy":
-        from stratagem_example_plugin.strategy import StepCountingStrategy
-
-        return StepCountingStrategy
-    raise AttributeError(f"module 'stratagem_example_plugin' has no attribute {name!r}")
+__getattr__, __dir__ = lazy_exports(
+    __name__, {"StepCountingStrategy": "stratagem_example_plugin.strategy"}, "stratagem-example-plugin"
+)

@@ -5,8 +5,9 @@ Importing this package is cheap and never imports deepspeed: the names below loa
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from stratagem.exports import lazy_exports
 
 if TYPE_CHECKING:
     from stratagem_deepspeed.checkpoint_io import DeepSpeedCheckpointIO
@@ -15,28 +16,12 @@ if TYPE_CHECKING:
 
 __all__ = ["DeepSpeedCheckpointIO", "DeepSpeedStrategy", "__version__", "convert_zero_checkpoint_to_fp32_state_dict"]
 
-_LAZY = {
-    "DeepSpeedStrategy": ("stratagem_deepspeed.strategy", "DeepSpeedStrategy"),
-    "DeepSpeedCheckpointIO": ("stratagem_deepspeed.checkpoint_io", "DeepSpeedCheckpointIO"),
-    "convert_zero_checkpoint_to_fp32_state_dict": (
-        "stratagem_deepspeed.consolidate",
-        "convert_zero_checkpoint_to_fp32_state_dict",
-    ),
-}
-
-
-def __getattr__(name: str) -> Any:
-    if name == "__version__":
-        from importlib.metadata import version
-
-        return version("stratagem-deepspeed")
-    if name in _LAZY:
-        module_name, attribute = _LAZY[name]
-        value = getattr(importlib.import_module(module_name), attribute)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'stratagem_deepspeed' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *__all__])
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        "DeepSpeedStrategy": "stratagem_deepspeed.strategy",
+        "DeepSpeedCheckpointIO": "stratagem_deepspeed.checkpoint_io",
+        "convert_zero_checkpoint_to_fp32_state_dict": "stratagem_deepspeed.consolidate",
+    },
+    "stratagem-deepspeed",
+)

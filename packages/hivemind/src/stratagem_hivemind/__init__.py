@@ -5,8 +5,9 @@ Importing this package is cheap and never imports hivemind: the names below load
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from stratagem.exports import lazy_exports
 
 if TYPE_CHECKING:
     from stratagem_hivemind.options import SwarmOptions
@@ -14,24 +15,11 @@ if TYPE_CHECKING:
 
 __all__ = ["HivemindStrategy", "SwarmOptions", "__version__"]
 
-_LAZY = {
-    "HivemindStrategy": ("stratagem_hivemind.strategy", "HivemindStrategy"),
-    "SwarmOptions": ("stratagem_hivemind.options", "SwarmOptions"),
-}
-
-
-def __getattr__(name: str) -> Any:
-    if name == "__version__":
-        from importlib.metadata import version
-
-        return version("stratagem-hivemind")
-    if name in _LAZY:
-        module_name, attribute = _LAZY[name]
-        value = getattr(importlib.import_module(module_name), attribute)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'stratagem_hivemind' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *__all__])
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        "HivemindStrategy": "stratagem_hivemind.strategy",
+        "SwarmOptions": "stratagem_hivemind.options",
+    },
+    "stratagem-hivemind",
+)

@@ -5,8 +5,9 @@ Importing this package is cheap: nothing of Habana's is imported, and no card is
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from stratagem.exports import lazy_exports
 
 if TYPE_CHECKING:
     from stratagem_hpu.accelerator import HPUAccelerator
@@ -22,27 +23,20 @@ __all__ = [
     "HPUParallelStrategy",
     "HPUSingleStrategy",
     "HPUStrategy",
+    "__version__",
     "habana_problem",
 ]
 
-_LAZY = {
-    "HPUAccelerator": "stratagem_hpu.accelerator",
-    "HPUCheckpointIO": "stratagem_hpu.checkpoint_io",
-    "HPUFP8Precision": "stratagem_hpu.precision",
-    "HPUParallelStrategy": "stratagem_hpu.strategy",
-    "HPUSingleStrategy": "stratagem_hpu.strategy",
-    "HPUStrategy": "stratagem_hpu.strategy",
-    "habana_problem": "stratagem_hpu.availability",
-}
-
-
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        value = getattr(importlib.import_module(_LAZY[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'stratagem_hpu' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *__all__])
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        "HPUAccelerator": "stratagem_hpu.accelerator",
+        "HPUCheckpointIO": "stratagem_hpu.checkpoint_io",
+        "HPUFP8Precision": "stratagem_hpu.precision",
+        "HPUParallelStrategy": "stratagem_hpu.strategy",
+        "HPUSingleStrategy": "stratagem_hpu.strategy",
+        "HPUStrategy": "stratagem_hpu.strategy",
+        "habana_problem": "stratagem_hpu.availability",
+    },
+    "stratagem-hpu",
+)

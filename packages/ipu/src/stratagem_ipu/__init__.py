@@ -5,8 +5,9 @@ Importing this package is cheap and imports no PopTorch: the names below load on
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from stratagem.exports import lazy_exports
 
 if TYPE_CHECKING:
     from stratagem_ipu.accelerator import IPUAccelerator
@@ -15,24 +16,12 @@ if TYPE_CHECKING:
 
 __all__ = ["IPUAccelerator", "IPUMixedPrecision", "IPUStrategy", "__version__"]
 
-_LAZY = {
-    "IPUAccelerator": "stratagem_ipu.accelerator",
-    "IPUMixedPrecision": "stratagem_ipu.precision",
-    "IPUStrategy": "stratagem_ipu.strategy",
-}
-
-
-def __getattr__(name: str) -> Any:
-    if name == "__version__":
-        from importlib.metadata import version
-
-        return version("stratagem-ipu")
-    if name in _LAZY:
-        value = getattr(importlib.import_module(_LAZY[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'stratagem_ipu' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *__all__])
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        "IPUAccelerator": "stratagem_ipu.accelerator",
+        "IPUMixedPrecision": "stratagem_ipu.precision",
+        "IPUStrategy": "stratagem_ipu.strategy",
+    },
+    "stratagem-ipu",
+)

@@ -5,8 +5,9 @@ Importing this package is cheap and never imports torch_xla: the names below loa
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from stratagem.exports import lazy_exports
 
 if TYPE_CHECKING:
     from stratagem_xla.accelerator import XLAAccelerator
@@ -15,24 +16,12 @@ if TYPE_CHECKING:
 
 __all__ = ["SingleXLAStrategy", "XLAAccelerator", "XLACheckpointIO", "__version__"]
 
-_LAZY = {
-    "SingleXLAStrategy": "stratagem_xla.strategy",
-    "XLAAccelerator": "stratagem_xla.accelerator",
-    "XLACheckpointIO": "stratagem_xla.checkpoint_io",
-}
-
-
-def __getattr__(name: str) -> Any:
-    if name == "__version__":
-        from importlib.metadata import version
-
-        return version("stratagem-xla")
-    if name in _LAZY:
-        value = getattr(importlib.import_module(_LAZY[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'stratagem_xla' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *__all__])
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        "SingleXLAStrategy": "stratagem_xla.strategy",
+        "XLAAccelerator": "stratagem_xla.accelerator",
+        "XLACheckpointIO": "stratagem_xla.checkpoint_io",
+    },
+    "stratagem-xla",
+)
