@@ -1,11 +1,13 @@
 """The training loop: epochs of batches, optimizer steps through the strategy, validation at intervals.
 
 The per-batch path is kept short: what can be decided once (which hooks are overridden, who
-accumulates gradients and how, which schedulers step per optimizer step) is decided before the loop.
+accumulates gradients and how, which schedulers step per optimizer step, which strategy methods are
+the base class's and can be called in their direct form) is decided before the loop.
 """
 
 from __future__ import annotations
 
+import math
 import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -15,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from stratagem.module import Module
+from stratagem.strategies.step_calls import step_calls
 from stratagem.trainer.accumulation import accumulation_policy
 from stratagem.trainer.data import batch_feed, count_batches, set_epoch
 from stratagem.trainer.evaluation_loop import run_evaluation
@@ -56,9 +59,14 @@ class FitLoop:
         self.accumulation = accumulation_policy(self.strategy, self.accumulate, self.optimizers)
         self.at_step_boundary = step_boundary_callback(self.strategy)
         self.feed = batch_feed(self.strategy)
-        self.to_device = self.strategy.batch_to_device
-        self.stop_at_step = settings.max_steps if settings.max_steps != -1 else None
+        self.stop_at_step = settings.max_steps if settings.max_steps != -1 else math.inf
         self.backward_optimizer = self.optimizers[0] if len(self.optimizers) == 1 else None
+        calls = step_calls(self.strategy, "training_step", self.backward_optimizer)
+        self.to_device = calls.batch_to_device
+        self._training_step = calls.training_step
+        self._backward = calls.backward
+        self._step_optimizer = calls.optimizer_step
+        self._zero_grad = calls.zero_grad
         # A strategy that steps the schedulers itself gets none stepped here, per step or per epoch.
         self.scheduler_configs = [] if self.strategy.steps_lr_schedulers else trainer.lr_scheduler_configs
         self.step_schedulers = [config for config in self.scheduler_configs if config.interval == "step"]
@@ -103,8 +111,7 @@ class FitLoop:
         hooks.call("on_fit_end", trainer, module)
 
     def _done(self) -> bool:
-        stop_at = self.stop_at_step
-        return self.trainer.should_stop or (stop_at is not None and self.progress.global_step >= stop_at)
+        return self.trainer.should_stop or self.progress.global_step >= self.stop_at_step
 
     def _epochs_done(self) -> bool:
         max_epochs = self.settings.max_epochs
@@ -153,10 +160,11 @@ class FitLoop:
         self.hooks.call("on_train_epoch_start", trainer, module)
         self._window_has_grad = False
         finished = True
-        train_batch, done = self._train_batch, self._done
+        train_batch, stop_at = self._train_batch, self.stop_at_step
         for batch_idx, batch in enumerate(batches, start=skip):
             train_batch(batch, batch_idx)
-            if done():
+            # _done() written out: a call per batch is a measurable share of a small model's step.
+            if trainer.should_stop or progress.global_step >= stop_at:
                 finished = self.num_batches is not None and progress.batches_in_epoch >= self.num_batches
                 break
         if progress.batches_in_epoch == 0:
@@ -218,9 +226,8 @@ class FitLoop:
 
     def _end_epoch(self) -> None:
         trainer, module, progress = self.trainer, self.module, self.progress
-        if self._window_has_grad:
-            # Data without a length ended in the middle of an accumulation window.
-            self._optimizer_step()
+        # Data without a length may end in the middle of an accumulation window.
+        self.step_optimizers()
         progress.epoch_finished = True
         logged = self.metrics.finish_epoch("train")
         if self._validate_this_epoch and self._validation_interval is None:
@@ -264,21 +271,34 @@ class FitLoop:
     def forward_backward(
         self, batch: Any, batch_idx: int, scale_loss: Callable[[torch.Tensor], torch.Tensor] | None
     ) -> tuple[Any, bool]:
-        strategy = self.strategy
-        output = strategy.run_step("training_step", batch, batch_idx)
+        output = self._training_step(batch, batch_idx)
         loss = output if type(output) is torch.Tensor else _loss_of(output)
         if loss is None:
             return output, False
         # Kept as returned (a detach per step costs more than the rest of this method); read as a float only.
         self.context.last_loss = loss
-        strategy.backward(loss if scale_loss is None else scale_loss(loss), self.backward_optimizer)
-        self.at_step_boundary("after_backward")
+        self._backward(loss if scale_loss is None else scale_loss(loss))
+        if self.at_step_boundary is not None:
+            self.at_step_boundary("after_backward")
         self._window_has_grad = True
         return output, True
 
     def step_optimizers(self) -> None:
-        if self._window_has_grad:
-            self._optimizer_step()
+        if not self._window_has_grad:
+            return
+        clip_val = self.settings.gradient_clip_val
+        step, at_step_boundary = self._step_optimizer, self.at_step_boundary
+        for optimizer in self.optimizers:
+            if clip_val is not None:
+                self.strategy.clip_gradients(optimizer, clip_val, self.settings.gradient_clip_algorithm)
+            step(optimizer)
+            if at_step_boundary is not None:
+                at_step_boundary("after_optimizer_step")
+        zero_grad = self._zero_grad
+        for optimizer in self.optimizers:
+            zero_grad(optimizer)
+        self._window_has_grad = False
+        self._count_optimizer_step()
 
     def record_engine_steps(self, output: Any, optimizer_steps: int) -> None:
         loss = _loss_of(output)
@@ -286,19 +306,6 @@ class FitLoop:
             self.context.last_loss = loss.detach()
         for _ in range(optimizer_steps):
             self._count_optimizer_step()
-
-    def _optimizer_step(self) -> None:
-        strategy, settings = self.strategy, self.settings
-        clip_val = settings.gradient_clip_val
-        for optimizer in self.optimizers:
-            if clip_val is not None:
-                strategy.clip_gradients(optimizer, clip_val, settings.gradient_clip_algorithm)
-            strategy.optimizer_step(optimizer)
-            self.at_step_boundary("after_optimizer_step")
-        for optimizer in self.optimizers:
-            strategy.zero_grad(optimizer)
-        self._window_has_grad = False
-        self._count_optimizer_step()
 
     def _count_optimizer_step(self) -> None:
         progress = self.progress
