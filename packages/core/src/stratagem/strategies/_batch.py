@@ -15,6 +15,9 @@ def move_to_device(batch: Any, device: torch.device) -> Any:
 def device_mover(device: torch.device) -> Callable[[Any], Any]:
     """:func:`move_to_device` to ``device`` as one callable, for a loop that moves every batch to the same device."""
     non_blocking = device.type == "cuda"
+    # ``.device`` builds a device object per tensor; a CPU tensor says where it is without one. A tensor already
+    # on the device is returned as it is by ``.to`` as well, so a batch passed through unchanged is the same.
+    on_cpu = device.type == "cpu"
 
     def move_tensor(value: Any) -> Any:
         if isinstance(value, torch.Tensor) and value.device != device:
@@ -27,7 +30,7 @@ def device_mover(device: torch.device) -> Callable[[Any], Any]:
             # costs more per step than the rest of the Trainer's own work on small models
             # (a plain loop: a generator in all() costs a few microseconds more per step).
             for value in batch:
-                if not isinstance(value, torch.Tensor) or value.device != device:
+                if not isinstance(value, torch.Tensor) or not (value.is_cpu if on_cpu else value.device == device):
                     break
             else:
                 return batch

@@ -12,6 +12,7 @@ called as it is.
 from __future__ import annotations
 
 import functools
+import operator
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -49,7 +50,7 @@ def step_calls(strategy: Strategy, step_name: str, backward_optimizer: Optimizer
         training_step=_training_step(strategy, precision, step_name),
         backward=_backward(strategy, precision, backward_optimizer),
         optimizer_step=_optimizer_step(strategy, precision),
-        zero_grad=strategy.zero_grad,
+        zero_grad=_zero_grad(strategy),
     )
 
 
@@ -69,9 +70,7 @@ def _training_step(strategy: Strategy, precision: Precision, step_name: str) -> 
     return functools.partial(strategy.run_step, step_name)
 
 
-def _backward(
-    strategy: Strategy, precision: Precision, optimizer: Optimizer | None
-) -> Callable[[torch.Tensor], Any]:
+def _backward(strategy: Strategy, precision: Precision, optimizer: Optimizer | None) -> Callable[[torch.Tensor], Any]:
     if _inherited(strategy, "backward", Strategy.backward) and _inherited(precision, "backward", Precision.backward):
         return torch.Tensor.backward
     backward = strategy.backward
@@ -86,13 +85,20 @@ def _optimizer_step(strategy: Strategy, precision: Precision) -> Callable[[Optim
     if _inherited(strategy, "optimizer_step", Strategy.optimizer_step) and _inherited(
         precision, "optimizer_step", Precision.optimizer_step
     ):
-        return _step
+        return _STEP
     return strategy.optimizer_step
 
 
-def _step(optimizer: Optimizer) -> Any:
-    # Looked up per call, as the strategy's method does: a scheduler or callback may wrap ``step``.
-    return optimizer.step()
+def _zero_grad(strategy: Strategy) -> Callable[[Optimizer], None]:
+    if _inherited(strategy, "zero_grad", Strategy.zero_grad):
+        return _ZERO_GRAD
+    return strategy.zero_grad
+
+
+# Called the way the base methods call them, with the method looked up on the optimizer per call (a scheduler
+# or callback may wrap ``step``), without a Python frame of their own.
+_STEP: Callable[[Optimizer], Any] = operator.methodcaller("step")
+_ZERO_GRAD: Callable[[Optimizer], None] = operator.methodcaller("zero_grad", set_to_none=True)
 
 
 def _inherited(owner: object, name: str, base_function: Callable[..., Any]) -> bool:

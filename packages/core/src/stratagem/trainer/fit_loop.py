@@ -151,21 +151,45 @@ class FitLoop:
 
     def _run_epoch(self) -> bool:
         """Train one epoch (or its rest, when resuming); return False when the data gave no batch."""
-        trainer, module, progress = self.trainer, self.module, self.progress
+        trainer, module, progress, metrics = self.trainer, self.module, self.progress, self.metrics
         skip = progress.batches_in_epoch
         batches = self._epoch_batches(skip)
         self._plan_validation(progress.epoch)
-        self.metrics.stage = "train_step"
+        metrics.stage = "train_step"
         module.on_train_epoch_start()
         self.hooks.call("on_train_epoch_start", trainer, module)
         self._window_has_grad = False
         finished = True
-        train_batch, stop_at = self._train_batch, self.stop_at_step
+        # One batch is the loop's body, with everything it reads bound here: on a small model every attribute
+        # lookup and call the Trainer makes per batch is a measurable share of a step.
+        start_hooks, end_hooks = self._batch_start_hooks, self._batch_end_hooks
+        module_start, module_end = self._module_batch_start, self._module_batch_end
+        to_device, run_batch = self.to_device, self.accumulation.run_batch
+        accumulate, num_batches, stop_at = self.accumulate, self.num_batches, self.stop_at_step
+        validation_interval = self._validation_interval if self._validate_this_epoch else None
         for batch_idx, batch in enumerate(batches, start=skip):
-            train_batch(batch, batch_idx)
-            # _done() written out: a call per batch is a measurable share of a small model's step.
+            metrics.batch = batch
+            for hook in start_hooks:
+                hook(trainer, module, batch, batch_idx)
+            if module_start:
+                module.on_train_batch_start(batch, batch_idx)
+            batch = to_device(batch)
+            boundary = accumulate == 1 or (batch_idx + 1) % accumulate == 0 or batch_idx + 1 == num_batches
+            output = run_batch(batch, batch_idx, boundary, self)
+            progress.batches_in_epoch += 1
+            progress.total_batches += 1
+            for hook in end_hooks:
+                hook(trainer, module, output, batch, batch_idx)
+            if module_end:
+                module.on_train_batch_end(output, batch, batch_idx)
+            # Not kept through the next batch's step (a dict output may hold more than the loss).
+            del output
+            if validation_interval is not None:
+                count = progress.total_batches if self._validation_counts_globally else batch_idx + 1
+                if count % validation_interval == 0:
+                    self._validate()
             if trainer.should_stop or progress.global_step >= stop_at:
-                finished = self.num_batches is not None and progress.batches_in_epoch >= self.num_batches
+                finished = num_batches is not None and progress.batches_in_epoch >= num_batches
                 break
         if progress.batches_in_epoch == 0:
             warnings.warn("The training dataloader produced no batch; fitting stops.", stacklevel=2)
@@ -242,30 +266,6 @@ class FitLoop:
         self.metrics.stage = "train_step"
         progress.start_next_epoch_if_finished()
 
-    # -- one batch ------------------------------------------------------------------------------
-
-    def _train_batch(self, batch: Any, batch_idx: int) -> None:
-        trainer, module, progress = self.trainer, self.module, self.progress
-        self.metrics.batch = batch
-        for hook in self._batch_start_hooks:
-            hook(trainer, module, batch, batch_idx)
-        if self._module_batch_start:
-            module.on_train_batch_start(batch, batch_idx)
-        batch = self.to_device(batch)
-        accumulate = self.accumulate
-        boundary = accumulate == 1 or (batch_idx + 1) % accumulate == 0 or batch_idx + 1 == self.num_batches
-        output = self.accumulation.run_batch(batch, batch_idx, boundary, self)
-        progress.batches_in_epoch += 1
-        progress.total_batches += 1
-        for hook in self._batch_end_hooks:
-            hook(trainer, module, output, batch, batch_idx)
-        if self._module_batch_end:
-            module.on_train_batch_end(output, batch, batch_idx)
-        if self._validate_this_epoch and self._validation_interval is not None:
-            count = progress.total_batches if self._validation_counts_globally else batch_idx + 1
-            if count % self._validation_interval == 0:
-                self._validate()
-
     # -- what a policy builds one item of training data out of (TrainingLoopSteps) ------------------
 
     def forward_backward(
@@ -298,7 +298,13 @@ class FitLoop:
         for optimizer in self.optimizers:
             zero_grad(optimizer)
         self._window_has_grad = False
-        self._count_optimizer_step()
+        # _count_optimizer_step() written out: a call per step is a measurable share of a small model's step.
+        progress = self.progress
+        progress.global_step += 1
+        if self.step_schedulers:
+            step_schedulers(self.step_schedulers, "step", progress.global_step, self.metrics.callback_metrics)
+        if self.logs_steps and progress.global_step % self.settings.log_every_n_steps == 0:
+            self._log_step_metrics()
 
     def record_engine_steps(self, output: Any, optimizer_steps: int) -> None:
         loss = _loss_of(output)
