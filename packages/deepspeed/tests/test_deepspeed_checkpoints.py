@@ -168,6 +168,29 @@ def test_single_device_loads_a_stage_3_checkpoint_through_its_ordinary_load(save
     assert_identical(module.state_dict(), weights_at_save)
 
 
+@pytest.mark.parametrize("alias", ["deepspeed_stage_2", "deepspeed_stage_3"])
+def test_loading_only_the_weights_gathers_the_optimizer_state_only_when_taken(saved, monkeypatch, alias):
+    from stratagem_deepspeed import shards
+
+    gathered = []
+    gather = shards.gather_optimizer_state
+    monkeypatch.setattr(shards, "gather_optimizer_state", lambda *args: gathered.append(args) or gather(*args))
+    path, weights_at_save = saved[alias]
+    strategy = stratagem.resolve(strategy="single_device", accelerator="cpu", devices=1)
+    module = strategy.setup_module(RegressionNet())
+    remaining = strategy.load_checkpoint(path, {"module": module})
+    assert_identical(module.state_dict(), weights_at_save)
+    assert gathered == []
+    assert remaining.unread_keys() == ["optimizers"]
+    [state] = remaining["optimizers"]
+    assert len(gathered) == 1
+    [expected] = read_full_checkpoint(path, TorchCheckpointIO())["optimizers"]
+    assert state["param_groups"] == expected["param_groups"]
+    for index, per_parameter in expected["state"].items():
+        for key, value in per_parameter.items():
+            assert torch.equal(state["state"][index][key], value), (index, key)
+
+
 def test_convert_zero_checkpoint_to_fp32_state_dict_writes_one_plain_file(saved, tmp_path):
     path, weights_at_save = saved["deepspeed_stage_3"]
     returned = convert_zero_checkpoint_to_fp32_state_dict(path, tmp_path / "full.pt")

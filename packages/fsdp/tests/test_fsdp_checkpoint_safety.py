@@ -167,7 +167,7 @@ def test_a_truncated_shard_file_is_one_checkpoint_error(trainer_checkpoint, tmp_
     [shard] = directory.glob("*.distcp")
     shard.write_bytes(shard.read_bytes()[:100])
     with pytest.raises(CheckpointError, match="crafted"):
-        read_full_checkpoint(directory, TorchCheckpointIO())
+        dict(read_full_checkpoint(directory, TorchCheckpointIO()))
 
 
 def _load_sharded(path):

@@ -13,6 +13,7 @@ import stratagem
 from stratagem.checkpoint_io import CheckpointError, TorchCheckpointIO, read_full_checkpoint
 from stratagem.cli import consolidate
 from stratagem.testing import DistributedWorkers
+from stratagem_fsdp.checkpoint_io import DistributedCheckpointIO
 from stratagem_fsdp.optimizer_state import to_index_keyed
 
 pytestmark = pytest.mark.distributed
@@ -160,6 +161,25 @@ def test_read_full_checkpoint_gives_the_plain_layout_without_a_process_group(sav
     assert {key: checkpoint[key] for key in PLAIN_ENTRIES} == PLAIN_ENTRIES
     _assert_same_weights(checkpoint["module"], original["weights"])
     [optimizer_state] = checkpoint["optimizers"]
+    plain = torch.optim.AdamW(Net().parameters(), lr=LEARNING_RATE)
+    plain.load_state_dict(optimizer_state)
+    _assert_same_optimizer_state(plain.state_dict(), original["optimizer"])
+
+
+def test_loading_only_the_weights_reads_sharded_optimizer_state_only_when_taken(saved):
+    kind, path, original = saved
+    strategy = stratagem.resolve(strategy="single_device", accelerator="cpu", devices=1)
+    module = strategy.setup_module(Net())
+    remaining = strategy.load_checkpoint(path, {"module": module})
+    _assert_same_weights(module.state_dict(), original["weights"])
+    if kind == "sharded":
+        assert remaining.unread_keys() == ["optimizers"]
+        template = {"module": Net().state_dict()}
+        resharded = DistributedCheckpointIO().load_into(path, template)
+        _assert_same_weights(template["module"], original["weights"])
+        assert resharded.unread_keys() == ["optimizers"]
+    assert {key: remaining[key] for key in PLAIN_ENTRIES} == PLAIN_ENTRIES
+    [optimizer_state] = remaining["optimizers"]
     plain = torch.optim.AdamW(Net().parameters(), lr=LEARNING_RATE)
     plain.load_state_dict(optimizer_state)
     _assert_same_optimizer_state(plain.state_dict(), original["optimizer"])

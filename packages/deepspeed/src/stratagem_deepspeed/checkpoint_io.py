@@ -10,6 +10,7 @@ import torch
 from stratagem.checkpoint_io import (
     CheckpointError,
     CheckpointIO,
+    LazyCheckpoint,
     PathLike,
     check_checkpoint,
     load_torch_file,
@@ -28,7 +29,8 @@ from stratagem_deepspeed.checkpoint_layout import (
 
 class DeepSpeedCheckpointIO(CheckpointIO):
     """Reads a DeepSpeed checkpoint directory as ``{"module": full fp32 state dict, "optimizers":
-    [plain optimizer state dict], **plain entries}``.
+    [plain optimizer state dict], **plain entries}``, the optimizer state gathered only when taken
+    (a :class:`~stratagem.checkpoint_io.LazyCheckpoint`).
 
     The fp32 master weights and the optimizer state are gathered from the ZeRO shards, so
     ``single_device``, ``ddp``, ``fsdp`` or a DeepSpeed run with another world size can load (and
@@ -73,23 +75,29 @@ def read_checkpoint(
         raise CheckpointError(
             f"{str(directory)!r} is not a DeepSpeed checkpoint directory (no 'latest' file and no {STATE_FILE})."
         )
-    checkpoint = read_state_file(directory, map_location=map_location, weights_only=weights_only)
+    checkpoint = LazyCheckpoint.shallow_copy(
+        read_state_file(directory, map_location=map_location, weights_only=weights_only)
+    )
     metadata = checkpoint.pop(METADATA_KEY, {})
     module_key = metadata.get("module_key", "module")
     tag = tag or read_tag(directory)
     optimizers_key = metadata.get("optimizers_key")
     if tag is None or (module_key in checkpoint and optimizers_key in (None, *checkpoint)):
         return checkpoint
-    from stratagem_deepspeed.shards import check_weights_only, gather_fp32_weights, gather_optimizer_state
+    from stratagem_deepspeed.shards import (
+        check_weights_only,
+        gather_fp32_weights,
+        gather_optimizer_state,
+        has_optimizer_shards,
+    )
 
     if weights_only:
         check_weights_only(directory, tag)
     if module_key not in checkpoint:
         checkpoint[module_key] = _to(gather_fp32_weights(directory, tag), map_location)
-    if optimizers_key is not None and optimizers_key not in checkpoint:
-        optimizer_state = gather_optimizer_state(directory, tag)
-        if optimizer_state is not None:
-            checkpoint[optimizers_key] = [optimizer_state]
+    if optimizers_key is not None and optimizers_key not in checkpoint and has_optimizer_shards(directory, tag):
+        # Gathering holds every rank's optimizer state at once, and evaluation never takes it.
+        checkpoint.defer(optimizers_key, lambda: [gather_optimizer_state(directory, tag)])
     return checkpoint
 
 

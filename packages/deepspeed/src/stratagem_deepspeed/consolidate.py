@@ -22,6 +22,6 @@ def convert_zero_checkpoint_to_fp32_state_dict(
     the file is written atomically and is returned as well. Unlike DeepSpeed's function of the
     same name, it writes one file (not a directory) and keeps the training loop's entries.
     """
-    checkpoint = read_checkpoint(Path(checkpoint_dir), tag=tag, weights_only=weights_only)
+    checkpoint = dict(read_checkpoint(Path(checkpoint_dir), tag=tag, weights_only=weights_only))
     TorchCheckpointIO().save_checkpoint(checkpoint, Path(output_file))
     return checkpoint

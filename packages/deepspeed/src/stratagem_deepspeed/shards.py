@@ -55,15 +55,24 @@ def _unsharded_module_state(directory: Path, tag: str) -> dict[str, torch.Tensor
     return {name: value.float() if value.is_floating_point() else value for name, value in state["module"].items()}
 
 
-def gather_optimizer_state(directory: Path, tag: str) -> dict[str, Any] | None:
+def has_optimizer_shards(directory: Path, tag: str) -> bool:
+    """Whether ``tag`` holds per-rank ZeRO optimizer shards (ZeRO stage 0 keeps none)."""
+    return bool(_optimizer_files(directory, tag))
+
+
+def _optimizer_files(directory: Path, tag: str) -> list[Path]:
+    return sorted((directory / tag).glob("*zero_pp_rank_*_optim_states.pt"), key=_rank_of)
+
+
+def gather_optimizer_state(directory: Path, tag: str) -> dict[str, Any]:
     """The optimizer's state as a plain ``Optimizer.state_dict()`` of the whole model (parameters
     numbered in the order DeepSpeed recorded them), assembled from the per-rank ZeRO shards.
 
-    ``None`` when ``tag`` holds no optimizer shards in a layout this knows (ZeRO stage 0).
+    Raises :class:`CheckpointError` when ``tag`` holds no optimizer shards (see :func:`has_optimizer_shards`).
     """
-    optimizer_files = sorted((directory / tag).glob("*zero_pp_rank_*_optim_states.pt"), key=_rank_of)
+    optimizer_files = _optimizer_files(directory, tag)
     if not optimizer_files:
-        return None
+        raise CheckpointError(f"{str(directory / tag)!r} holds no ZeRO optimizer shards.")
     allowed = deepspeed_checkpoint_globals()
     model_states = load_torch_file(_model_states_file(directory, tag), safe_globals=allowed)
     shards = [

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 from torch.optim import Optimizer
 
-from stratagem.checkpoint_io import CheckpointIO, PathLike, move_into_place, temporary_sibling
+from stratagem.checkpoint_io import CheckpointIO, LazyCheckpoint, PathLike, move_into_place, temporary_sibling
 from stratagem.strategies import (
     LoopSettings,
     MemoryEstimate,
@@ -579,7 +579,7 @@ class DeepSpeedStrategy(ParallelStrategy, OwnsAccumulation):
             weights_only=weights_only,
             required=[key for key, target in state.items() if isinstance(target, nn.Module)],
         )
-        remaining = dict(checkpoint)
+        remaining = LazyCheckpoint.shallow_copy(checkpoint)
         for key, target in state.items():
             if isinstance(target, nn.Module):
                 load_module_state(self.module, remaining.pop(key), strict)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import io
 import shutil
 import warnings
@@ -21,6 +22,7 @@ from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from stratagem.checkpoint_io import (
     CheckpointError,
     CheckpointIO,
+    LazyCheckpoint,
     PathLike,
     check_checkpoint,
     explain_load_failure,
@@ -45,7 +47,8 @@ class DistributedCheckpointIO(CheckpointIO):
 
     :meth:`save_checkpoint` is collective: every rank of the default process group calls it
     (one process without a group writes everything itself). :meth:`load_checkpoint` needs no
-    process group and returns everything whole, with optimizer states in the plain
+    process group and returns everything whole (each DCP-stored entry read when first taken), with
+    optimizer states in the plain
     ``Optimizer.state_dict()`` layout, so any strategy loads it. With ``weights_only`` (the default)
     nothing read runs code: DCP's ``.metadata`` pickle is read by :mod:`stratagem_fsdp.dcp_metadata`,
     tensors and plain entries by weights-only ``torch.load``. A file that cannot be read raises
@@ -90,12 +93,9 @@ class DistributedCheckpointIO(CheckpointIO):
         weights_only: bool = True,
     ) -> dict[str, Any]:
         directory = _existing_checkpoint(path)
-        checkpoint = _read_whole(directory, keys=None, weights_only=weights_only)
-        checkpoint = {key: _plain_optimizer_states(value) for key, value in checkpoint.items()}
-        checkpoint.update(_read_plain_entries(directory, weights_only))
-        if map_location is not None and torch.device(map_location).type != "cpu":
-            checkpoint = _move(checkpoint, torch.device(map_location))
-        return checkpoint
+        device = None if map_location is None else torch.device(map_location)
+        keys = _top_level_keys(_reader(directory, weights_only))
+        return _entries(directory, keys, weights_only, device)
 
     def load_into(
         self, path: PathLike, template: dict[str, Any], strict: bool = True, weights_only: bool = True
@@ -104,17 +104,15 @@ class DistributedCheckpointIO(CheckpointIO):
 
         ``template`` holds state dicts shaped like the ones saved, possibly sharded differently
         (another world size): each rank reads the pieces its shards need. Collective when a
-        process group exists. Returns the other entries, except optimizer states nobody asked
-        for (they would be read whole on every rank for nothing).
+        process group exists. Returns the other entries; those stored through DCP (optimizer
+        states nobody asked for, say) are read whole only if the caller takes them.
         """
         directory = _existing_checkpoint(path)
         reader = _reader(directory, weights_only)
         planner = _CheckedLoadPlanner(weights_only=weights_only, allow_partial_load=not strict)
         _load(directory, template, reader, planner, no_dist=not _group_ready())
         unrequested = [key for key in _top_level_keys(reader) if key not in template]
-        others = _read_whole(directory, keys=set(unrequested), weights_only=weights_only) if unrequested else {}
-        others = {key: value for key, value in others.items() if not _holds_optimizer_states(value)}
-        return {**others, **_read_plain_entries(directory, weights_only)}
+        return _entries(directory, unrequested, weights_only, device=None)
 
     @classmethod
     def can_read(cls, path: PathLike) -> bool:
@@ -207,6 +205,22 @@ def _read_whole(directory: Path, keys: set[str] | None, weights_only: bool) -> d
     return dict(planner.original_state_dict)
 
 
+def _entries(directory: Path, keys: list[str], weights_only: bool, device: torch.device | None) -> LazyCheckpoint:
+    """The plain entries, and the DCP-stored ``keys``, each read whole when taken: a rank that evaluates
+    never reads the optimizer state, and one that takes the module reads only the module."""
+    entries = LazyCheckpoint()
+    for key in keys:
+        entries.defer(key, functools.partial(_read_entry, directory, key, weights_only, device))
+    plain = _read_plain_entries(directory, weights_only)
+    entries.update(plain if device is None or device.type == "cpu" else _move(plain, device))
+    return entries
+
+
+def _read_entry(directory: Path, key: str, weights_only: bool, device: torch.device | None) -> Any:
+    value = _plain_optimizer_states(_read_whole(directory, keys={key}, weights_only=weights_only)[key])
+    return value if device is None or device.type == "cpu" else _move(value, device)
+
+
 def _top_level_keys(reader: FileSystemReader) -> list[str]:
     metadata = reader.read_metadata()
     paths = metadata.planner_data or {}
@@ -244,12 +258,6 @@ def _is_sharded_state(value: object) -> bool:
 
 def _is_optimizer_state(value: object) -> bool:
     return isinstance(value, dict) and "param_groups" in value
-
-
-def _holds_optimizer_states(value: object) -> bool:
-    if isinstance(value, list | tuple):
-        return any(_is_optimizer_state(item) for item in value)
-    return _is_optimizer_state(value)
 
 
 def _plain_optimizer_states(value: Any) -> Any:

@@ -25,7 +25,7 @@ from torch.distributed.tensor import DTensor
 from torch.optim import Optimizer
 from torch.utils._pytree import tree_map
 
-from stratagem.checkpoint_io import CheckpointError, CheckpointIO, PathLike, read_full_checkpoint
+from stratagem.checkpoint_io import CheckpointError, CheckpointIO, LazyCheckpoint, PathLike, read_full_checkpoint
 from stratagem.strategies import (
     BackwardSyncControl,
     MemoryEstimate,
@@ -300,12 +300,20 @@ class FSDPStrategy(ParallelStrategy, BackwardSyncControl):
     def _load_whole_checkpoint(
         self, path: Path, targets: dict[str, Any], strict: bool, weights_only: bool
     ) -> dict[str, Any]:
-        """Rank 0 reads a whole checkpoint (any strategy's); each tensor is broadcast and every rank keeps its shard."""
-        checkpoint: dict[str, Any] = {}
+        """Rank 0 reads a whole checkpoint (any strategy's); each tensor is broadcast and every rank keeps its shard.
+
+        Entries the reader deferred and nobody took stay unread: rank 0 sends the others, and each rank reads
+        a deferred one itself if its caller takes it."""
+        checkpoint = LazyCheckpoint()
+        taken: dict[str, Any] = {}
         problem = None
         if self.is_global_zero:
             try:
-                checkpoint = read_full_checkpoint(path, self.checkpoint_io, weights_only, required=list(targets))
+                checkpoint = LazyCheckpoint.shallow_copy(
+                    read_full_checkpoint(path, self.checkpoint_io, weights_only, required=list(targets))
+                )
+                # Taken here, so that an entry the reader deferred fails inside the verdict too.
+                taken = {key: checkpoint.pop(key) for key in targets}
             except CheckpointError as error:
                 # Every rank waits for rank 0's verdict; each raises it rather than waiting forever.
                 problem = str(error)
@@ -314,8 +322,14 @@ class FSDPStrategy(ParallelStrategy, BackwardSyncControl):
             raise CheckpointError(problem)
         options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=strict)
         for key, target in targets.items():
-            self._load_state(target, checkpoint.pop(key, None), options, index_keyed=True)
-        return self.broadcast(checkpoint if self.is_global_zero else None)
+            self._load_state(target, taken.get(key), options, index_keyed=True)
+        read, unread = self.broadcast((checkpoint.read_entries(), checkpoint.unread_keys()))
+        if self.is_global_zero:
+            return checkpoint
+        remaining = LazyCheckpoint(read)
+        for key in unread:
+            remaining.defer(key, functools.partial(_read_entry, path, self.checkpoint_io, weights_only, key))
+        return remaining
 
     def module_full_state_dict(self) -> dict[str, Any]:
         return _full_model_state(self.module)
@@ -433,3 +447,7 @@ def _is_optimizer_list(value: Any) -> bool:
 
 def _is_live(value: Any) -> bool:
     return isinstance(value, nn.Module | Optimizer) or _is_optimizer_list(value)
+
+
+def _read_entry(path: Path, checkpoint_io: CheckpointIO, weights_only: bool, key: str) -> Any:
+    return read_full_checkpoint(path, checkpoint_io, weights_only)[key]

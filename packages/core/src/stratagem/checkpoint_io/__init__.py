@@ -8,6 +8,7 @@ from stratagem.checkpoint_io.atomic import (
 )
 from stratagem.checkpoint_io.checkpoint_io import CheckpointIO, PathLike
 from stratagem.checkpoint_io.errors import CheckpointError
+from stratagem.checkpoint_io.lazy import LazyCheckpoint
 from stratagem.checkpoint_io.readers import check_checkpoint, read_full_checkpoint
 from stratagem.checkpoint_io.torch_files import explain_load_failure, load_torch_file
 from stratagem.checkpoint_io.torch_io import TorchCheckpointIO
@@ -15,6 +16,7 @@ from stratagem.checkpoint_io.torch_io import TorchCheckpointIO
 __all__ = [
     "CheckpointError",
     "CheckpointIO",
+    "LazyCheckpoint",
     "PathLike",
     "TorchCheckpointIO",
     "check_checkpoint",

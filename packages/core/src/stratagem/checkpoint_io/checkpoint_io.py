@@ -49,7 +49,13 @@ class CheckpointIO(ABC):
         map_location: torch.device | str | None = "cpu",
         weights_only: bool = True,
     ) -> dict[str, Any]:
-        """Read the checkpoint at ``path``. ``weights_only=False`` allows arbitrary pickles."""
+        """Read the checkpoint at ``path``. ``weights_only=False`` allows arbitrary pickles.
+
+        An entry that is costly to assemble and that many callers never take (optimizer state
+        gathered from shards, which evaluation does not use) may be deferred: return a
+        :class:`~stratagem.checkpoint_io.LazyCheckpoint` and :meth:`~stratagem.checkpoint_io.LazyCheckpoint.defer`
+        it. Whatever is wrong with a deferred entry is then raised when it is taken.
+        """
 
     def remove_checkpoint(self, path: PathLike) -> None:
         """Delete the checkpoint at ``path`` (a file or a directory); nothing there is not an error.

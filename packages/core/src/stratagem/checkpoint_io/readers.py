@@ -15,7 +15,8 @@ from stratagem.checkpoint_io.errors import CheckpointError
 def read_full_checkpoint(
     path: PathLike, preferred: CheckpointIO, weights_only: bool = True, required: Collection[str] = ()
 ) -> dict[str, Any]:
-    """Read the whole checkpoint at ``path`` into memory as plain state.
+    """Read the whole checkpoint at ``path`` as plain state: into memory, except entries the reader
+    defers until they are taken (see :class:`~stratagem.checkpoint_io.LazyCheckpoint`).
 
     ``preferred`` (the running strategy's IO) reads it if it recognises the layout; otherwise
     every registered checkpoint IO is asked (:meth:`CheckpointIO.can_read`), so a directory of
@@ -39,7 +40,8 @@ def check_checkpoint(checkpoint: object, path: PathLike, required: Collection[st
         )
     missing = [key for key in required if key not in checkpoint]
     if missing:
-        bare = bool(checkpoint) and all(isinstance(value, torch.Tensor) for value in checkpoint.values())
+        # dict.values: a hint is not worth reading entries a reader deferred.
+        bare = bool(checkpoint) and all(isinstance(value, torch.Tensor) for value in dict.values(checkpoint))
         hint = " (a bare state dict? load it with module.load_state_dict(torch.load(path)))" if bare else ""
         raise CheckpointError(
             f"{str(path)!r} is not a stratagem checkpoint: it lacks {', '.join(map(repr, missing))}; it holds "

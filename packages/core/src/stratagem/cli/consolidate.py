@@ -44,7 +44,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"reading {source} ({files} file{'' if files == 1 else 's'}, {format_bytes(size)})", flush=True)
     started = time.monotonic()
     try:
-        checkpoint = read_full_checkpoint(source, io, weights_only=args.weights_only)
+        # dict(): consolidation writes every entry, so deferred ones are read here, where their errors are caught.
+        checkpoint = dict(read_full_checkpoint(source, io, weights_only=args.weights_only))
     except RuntimeError as error:
         print(f"stratagem consolidate: error: {error}", file=sys.stderr)
         return 1

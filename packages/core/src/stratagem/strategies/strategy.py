@@ -406,14 +406,17 @@ class Strategy(ABC):
     ) -> dict[str, Any]:
         """Load the checkpoint at ``path`` into the live objects of ``state``, in place.
 
-        Returns the checkpoint's remaining entries (those not in ``state`` as live objects).
+        Returns the checkpoint's remaining entries (those not in ``state`` as live objects); where
+        the reader deferred an entry (a :class:`~stratagem.checkpoint_io.LazyCheckpoint`), it is read
+        when the caller takes it, so evaluation never reads the optimizer state it does not use.
         Reads checkpoints written by other strategies and world sizes (see
         :func:`stratagem.checkpoint_io.read_full_checkpoint`).
         """
+        from stratagem.checkpoint_io.lazy import LazyCheckpoint
         from stratagem.checkpoint_io.readers import read_full_checkpoint
 
         checkpoint = read_full_checkpoint(path, self.checkpoint_io, weights_only=weights_only, required=tuple(state))
-        remaining = dict(checkpoint)
+        remaining = LazyCheckpoint.shallow_copy(checkpoint)
         for key, target in state.items():
             if isinstance(target, nn.Module):
                 target.load_state_dict(remaining.pop(key), strict=strict)
