@@ -266,6 +266,15 @@ def _run_capped(cap: MemoryCap, argv: list[str], timeout: float) -> tuple[int, f
     return code, time.perf_counter() - start, chosen[0].removeprefix("stratagem: ") if chosen else ""
 
 
+def _planned(strategy: str, width: int, layers: int, precision: str, nvme_path: str) -> Any:
+    from stratagem.planning import plan
+
+    planned = plan(
+        Decoder(width, layers), [_strategy(strategy, nvme_path)], accelerator="cpu", devices=2, precision=precision
+    )
+    return planned.candidates[0]
+
+
 def probe(
     strategy: str,
     width: int,
@@ -276,13 +285,8 @@ def probe(
     precision: str = "32-true",
     nvme_path: str = NVME_PATH,
 ) -> dict[str, Any]:
-    from stratagem.planning import plan
-
     parameters = parameters_of(width, layers)
-    planned = plan(
-        Decoder(width, layers), [_strategy(strategy, nvme_path)], accelerator="cpu", devices=2, precision=precision
-    )
-    candidate = planned.candidates[0]
+    candidate = _planned(strategy, width, layers, precision, nvme_path)
     out = Path(tempfile.mkdtemp(prefix="stratagem_scale_"))
     cap = MemoryCap(f"stratagem_scale_{os.getpid()}", int(cap_gib * 1024**3))
     result: dict[str, Any] = {
@@ -307,6 +311,9 @@ def probe(
         )
         if chosen:
             result["auto"] = chosen
+            # The estimate to compare with the run is the one of the strategy auto chose.
+            picked = _planned(chosen.split("→")[1].split(":")[0].strip(), width, layers, precision, nvme_path)
+            result["estimate_per_rank_bytes"] = picked.memory_per_rank
         if code != 0 or len(fit) != 2:
             result["passed"] = False
             result["failure"] = "out of memory (killed in the cap)" if code in (-9, 137) else f"exit {code}"
@@ -324,6 +331,7 @@ def probe(
         validated = [json.loads(path.read_text()) for path in sorted(out.glob("validate.rank*.json"))]
         result.update(validate_with=validate_with, validate_exit=code)
         result["val_loss"] = validated[0]["loss"] if validated else None
+        result["validate_peak_rss_per_rank_bytes"] = [rank["peak_rss_bytes"] for rank in validated]
         result["passed"] = (
             code == 0
             and math.isfinite(result["loss"])
@@ -343,12 +351,14 @@ def _print(result: dict[str, Any]) -> None:
     gib = 1024**3
     peaks = result.get("peak_rss_per_rank_bytes") or []
     measured = max(peaks) if peaks else 0
+    validating = result.get("validate_peak_rss_per_rank_bytes") or []
     estimate = result["estimate_per_rank_bytes"]
     error = f"{(estimate - measured) / measured:+.0%}" if measured else "-"
     print(
         f"{result['strategy']:<28} {result['parameters'] / 1e6:8.1f}M  "
         f"{'PASS' if result.get('passed') else 'FAIL':4}  "
         f"rss/rank {' '.join(f'{peak / gib:.2f}' for peak in peaks) or '-':>11} GiB  "
+        f"validating {' '.join(f'{peak / gib:.2f}' for peak in validating) or '-':>11} GiB  "
         f"cap peak {result.get('cap_peak_bytes', 0) / gib:5.2f} GiB  "
         f"checkpoint {result.get('checkpoint_bytes', 0) / gib:5.2f} GiB  "
         f"disk peak {result.get('disk_peak_bytes', 0) / gib:5.2f} GiB  "

@@ -151,7 +151,34 @@ def test_nvme_offload_counts_page_locked_swap_buffers_in_host_memory_and_the_sta
         parameters_kept_in_host + parameter_swap_buffers + optimizer_swap_buffers + adam_step_temporaries + gradients
     )
     assert estimate.disk_bytes == int(shard * 4 * 3)  # fp32 master weights and AdamW's two states
-    assert estimate.device_bytes == int(2 * WIDE_BLOCK * 2 + bucket * 2 + wide.activation_bytes)
+    gathered = 2 * WIDE_BLOCK * 2
+    training = gathered + bucket * 2 + wide.activation_bytes
+    # At the fit's end the whole bf16 model is gathered; the step's temporaries, the window and activations are gone.
+    end_of_fit_excess = WIDE_ELEMENTS * 2 - adam_step_temporaries - gathered - wide.activation_bytes
+    assert estimate.device_bytes == int(training + max(0, end_of_fit_excess))
+
+
+def test_stage_3_counts_the_end_of_the_fit_where_every_rank_gathers_the_whole_model(wide, tmp_path):
+    estimate = _estimate(
+        wide,
+        stage=3,
+        offload_optimizer=True,
+        offload_parameters=True,
+        offload_optimizer_device="nvme",
+        offload_params_device="nvme",
+        nvme_path=str(tmp_path),
+    )
+    bucket = WIDE_LARGEST_PARAMETER
+    shard = WIDE_ELEMENTS / 2
+    temporaries = 2 * bucket * 4
+    gathered = 2 * WIDE_BLOCK * 4
+    host = shard * 4 + 5 * 100_000_000 * 4 + 4 * bucket * 4 + temporaries + shard * 4
+    device = gathered + bucket * 4 + wide.activation_bytes
+    # NVMe keeps its swap buffers and the partitions it holds in host memory; the whole fp32 model joins them.
+    end_of_fit = host + device - temporaries - gathered - wide.activation_bytes + WIDE_ELEMENTS * 4
+    assert end_of_fit > host + device
+    assert estimate.host_bytes == int(host)
+    assert estimate.device_bytes + estimate.host_bytes == int(end_of_fit)
 
 
 def test_offloading_moves_the_optimizer_state_and_then_the_parameters_to_host_memory(footprint):

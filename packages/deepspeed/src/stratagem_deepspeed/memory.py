@@ -37,7 +37,8 @@ def deepspeed_estimate(footprint: ModelFootprint, config: Mapping[str, Any], wor
 
     Besides the states it counts the buffers DeepSpeed allocates whole whatever the model: the reduce bucket,
     the gathered-parameter window of stage 3, the temporaries of the optimizer's step over a partition (a torch
-    Adam makes one per state), and the page-locked swap buffers of NVMe offload.
+    Adam makes one per state), and the page-locked swap buffers of NVMe offload. At stage 3 the peak may come at
+    the fit's end instead, when every rank gathers the whole model.
     """
     stage = zero_stage(config)
     zero = config.get("zero_optimization", {})
@@ -94,6 +95,14 @@ def deepspeed_estimate(footprint: ModelFootprint, config: Mapping[str, Any], wor
         placed["cpu"] += count * sub_group * FP32_BYTES
     placed["device" if "optimizer" not in offloads else "cpu"] += gradients
     placed["device"] += buckets + footprint.activation_bytes
+    if stage == 3:
+        # The fit's end gathers the whole model into every rank, for use after fit (stage_3_release). By then
+        # the step's temporaries, the gathered window and the activations are gone and the optimizer's moments in
+        # memory are freed; the partitions, the master copy, gradients, buckets and NVMe's buffers stay.
+        freed = step_temporaries + gathered + footprint.activation_bytes
+        freed += optimizer_state if optimizer_place != "nvme" else 0
+        end_of_fit = placed["device"] + placed["cpu"] - freed + elements * element_bytes
+        placed["device"] += max(0.0, end_of_fit - placed["device"] - placed["cpu"])
     step_time = STEP_TIME_BY_STAGE.get(stage, 1.3)
     if "nvme" in offloads.values():
         step_time = NVME_STEP_TIME

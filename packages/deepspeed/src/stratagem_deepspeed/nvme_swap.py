@@ -64,28 +64,24 @@ def swapped_optimizer_sub_groups(optimizer: Any) -> list[int]:
 
 @contextmanager
 def swapped_optimizer_state_in_memory(optimizer: Any) -> Iterator[None]:
-    """Hold a copy of every swapped-out sub-group's fp32 partition and optimizer state in host memory.
+    """Give every swapped-out sub-group's fp32 partition and optimizer state its values from the swap files.
 
     Between steps DeepSpeed keeps those tensors empty (their values are in the swap files), and its
     ``state_dict`` saves them as they are: a checkpoint with no master weights, which loads nowhere.
-    Inside the block they hold their values, read one sub-group at a time through the swapper's
-    page-locked buffers; on leaving they are emptied again. The swap files are only read, never written.
-    Costs host memory for the whole fp32 partition and its optimizer state while the block lasts.
+    Inside the block each one maps its swap file (which holds the tensor's elements from offset 0, padded
+    at the end), read-only and copy-on-write: pages are read as the save reaches them and belong to the
+    page cache, which the kernel reclaims under pressure, so a save holds no copy of the state in the
+    process's own memory. On leaving they are emptied again. The swap files are never written.
     """
     swapper: Any = getattr(optimizer, "optimizer_swapper", None)
     held: list[Any] = []
     try:
         for index in swapped_optimizer_sub_groups(optimizer):
-            partition = optimizer.fp32_partitioned_groups_flat[index]
-            gradient = partition.grad
-            swapper.swap_in_optimizer_state(parameter=partition)
-            swap_info = swapper._get_param_swap_info(partition)
-            copies = [tensor.compute_tensor.data.clone() for tensor in swap_info.tensors]
-            # Gives the page-locked buffers back and empties the tensors: the next sub-group needs them.
-            swapper.release_swap_buffers(partition)
-            partition.grad = gradient
-            for tensor, copy in zip(swap_info.tensors, copies):
-                tensor.compute_tensor.data = copy
+            swap_info = swapper._get_param_swap_info(optimizer.fp32_partitioned_groups_flat[index])
+            for tensor in swap_info.tensors:
+                tensor.compute_tensor.data = torch.from_file(
+                    tensor.swap_path, shared=False, size=swap_info.numel(), dtype=swap_info.dtype()
+                )
                 held.append(tensor)
         yield
     finally:
