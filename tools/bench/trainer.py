@@ -257,6 +257,10 @@ class _PairedRawLoop(stratagem.callbacks.Callback):
         self.optimizer = _optimizer(self.model.parameters())
         self.workload, self.data = workload, data
         self.batches = iter(())
+        # The last raw step's batch and loss, held until the next raw step replaces them, as the variables of
+        # a raw loop are: freeing them (the loss frees its autograd nodes) is part of a raw step, and would
+        # otherwise happen as this hook returns, inside the Trainer's timing.
+        self.held: tuple[Any, ...] = ()
         self.trainer_steps: list[float] = []
         self.raw_steps: list[float] = []
         self.last: float | None = None
@@ -273,11 +277,13 @@ class _PairedRawLoop(stratagem.callbacks.Callback):
         if self.last is not None:
             self.trainer_steps.append(now - self.last)
         start = time.perf_counter()
-        features, labels = self._next_batch()
+        raw_batch = self._next_batch()
+        features, labels = raw_batch
         loss = functional.cross_entropy(self.model(features), labels)
         loss.backward()
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
+        self.held = (raw_batch, features, labels, loss)
         end = time.perf_counter()
         self.raw_steps.append(end - start)
         self.last = time.perf_counter()

@@ -8,6 +8,8 @@ at the step. Inside, ``forward`` is restored first, so ``self(x)`` in the step s
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import Any
 
 from torch import nn
@@ -30,6 +32,21 @@ def call_through_forward(wrapper: nn.Module, module: nn.Module, step_name: str, 
         module.forward = original_forward  # type: ignore[method-assign]
         if module.__dict__.get("forward") is original_forward:
             del module.__dict__["forward"]
+
+
+def step_caller(wrapper: nn.Module, module: nn.Module, step_name: str) -> Callable[..., Any]:
+    """``call_through_forward(wrapper, module, step_name, *args)`` as one callable taking ``*args``, for a loop
+    that calls the same step on every batch: the step is looked up once, forward hooks still on every call."""
+    if wrapper is not module:
+        return functools.partial(call_through_forward, wrapper, module, step_name)
+    step = getattr(module, step_name)
+
+    def call(*args: Any) -> Any:
+        if module._forward_pre_hooks or module._forward_hooks:
+            return call_through_forward(module, module, step_name, *args)
+        return step(*args)
+
+    return call
 
 
 def _has_forward_hooks(module: nn.Module) -> bool:

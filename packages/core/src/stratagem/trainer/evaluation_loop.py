@@ -60,7 +60,8 @@ def run_evaluation(
                 metrics.batch = batch
                 batch = strategy.batch_to_device(batch)
                 arguments = (batch, batch_idx, dataloader_idx) if several else (batch, batch_idx)
-                at_step_boundary("before_evaluation_step")
+                if at_step_boundary is not None:
+                    at_step_boundary("before_evaluation_step")
                 output = strategy.run_step(step_name, *arguments)
                 for hook in batch_end_hooks:
                     hook(trainer, module, output, batch, batch_idx, dataloader_idx)

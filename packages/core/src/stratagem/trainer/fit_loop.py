@@ -1,11 +1,13 @@
 """The training loop: epochs of batches, optimizer steps through the strategy, validation at intervals.
 
 The per-batch path is kept short: what can be decided once (which hooks are overridden, who
-accumulates gradients and how, which schedulers step per optimizer step) is decided before the loop.
+accumulates gradients and how, which schedulers step per optimizer step, which strategy methods are
+the base class's and can be called in their direct form) is decided before the loop.
 """
 
 from __future__ import annotations
 
+import math
 import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -15,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from stratagem.module import Module
+from stratagem.strategies.step_calls import step_calls
 from stratagem.trainer.accumulation import accumulation_policy
 from stratagem.trainer.data import batch_feed, count_batches, set_epoch
 from stratagem.trainer.evaluation_loop import run_evaluation
@@ -56,9 +59,14 @@ class FitLoop:
         self.accumulation = accumulation_policy(self.strategy, self.accumulate, self.optimizers)
         self.at_step_boundary = step_boundary_callback(self.strategy)
         self.feed = batch_feed(self.strategy)
-        self.to_device = self.strategy.batch_to_device
-        self.stop_at_step = settings.max_steps if settings.max_steps != -1 else None
+        self.stop_at_step = settings.max_steps if settings.max_steps != -1 else math.inf
         self.backward_optimizer = self.optimizers[0] if len(self.optimizers) == 1 else None
+        calls = step_calls(self.strategy, "training_step", self.backward_optimizer)
+        self.to_device = calls.batch_to_device
+        self._training_step = calls.training_step
+        self._backward = calls.backward
+        self._step_optimizer = calls.optimizer_step
+        self._zero_grad = calls.zero_grad
         # A strategy that steps the schedulers itself gets none stepped here, per step or per epoch.
         self.scheduler_configs = [] if self.strategy.steps_lr_schedulers else trainer.lr_scheduler_configs
         self.step_schedulers = [config for config in self.scheduler_configs if config.interval == "step"]
@@ -103,8 +111,7 @@ class FitLoop:
         hooks.call("on_fit_end", trainer, module)
 
     def _done(self) -> bool:
-        stop_at = self.stop_at_step
-        return self.trainer.should_stop or (stop_at is not None and self.progress.global_step >= stop_at)
+        return self.trainer.should_stop or self.progress.global_step >= self.stop_at_step
 
     def _epochs_done(self) -> bool:
         max_epochs = self.settings.max_epochs
@@ -144,20 +151,45 @@ class FitLoop:
 
     def _run_epoch(self) -> bool:
         """Train one epoch (or its rest, when resuming); return False when the data gave no batch."""
-        trainer, module, progress = self.trainer, self.module, self.progress
+        trainer, module, progress, metrics = self.trainer, self.module, self.progress, self.metrics
         skip = progress.batches_in_epoch
         batches = self._epoch_batches(skip)
         self._plan_validation(progress.epoch)
-        self.metrics.stage = "train_step"
+        metrics.stage = "train_step"
         module.on_train_epoch_start()
         self.hooks.call("on_train_epoch_start", trainer, module)
         self._window_has_grad = False
         finished = True
-        train_batch, done = self._train_batch, self._done
+        # One batch is the loop's body, with everything it reads bound here: on a small model every attribute
+        # lookup and call the Trainer makes per batch is a measurable share of a step.
+        start_hooks, end_hooks = self._batch_start_hooks, self._batch_end_hooks
+        module_start, module_end = self._module_batch_start, self._module_batch_end
+        to_device, run_batch = self.to_device, self.accumulation.run_batch
+        accumulate, num_batches, stop_at = self.accumulate, self.num_batches, self.stop_at_step
+        validation_interval = self._validation_interval if self._validate_this_epoch else None
         for batch_idx, batch in enumerate(batches, start=skip):
-            train_batch(batch, batch_idx)
-            if done():
-                finished = self.num_batches is not None and progress.batches_in_epoch >= self.num_batches
+            metrics.batch = batch
+            for hook in start_hooks:
+                hook(trainer, module, batch, batch_idx)
+            if module_start:
+                module.on_train_batch_start(batch, batch_idx)
+            batch = to_device(batch)
+            boundary = accumulate == 1 or (batch_idx + 1) % accumulate == 0 or batch_idx + 1 == num_batches
+            output = run_batch(batch, batch_idx, boundary, self)
+            progress.batches_in_epoch += 1
+            progress.total_batches += 1
+            for hook in end_hooks:
+                hook(trainer, module, output, batch, batch_idx)
+            if module_end:
+                module.on_train_batch_end(output, batch, batch_idx)
+            # Not kept through the next batch's step (a dict output may hold more than the loss).
+            del output
+            if validation_interval is not None:
+                count = progress.total_batches if self._validation_counts_globally else batch_idx + 1
+                if count % validation_interval == 0:
+                    self._validate()
+            if trainer.should_stop or progress.global_step >= stop_at:
+                finished = num_batches is not None and progress.batches_in_epoch >= num_batches
                 break
         if progress.batches_in_epoch == 0:
             warnings.warn("The training dataloader produced no batch; fitting stops.", stacklevel=2)
@@ -218,9 +250,8 @@ class FitLoop:
 
     def _end_epoch(self) -> None:
         trainer, module, progress = self.trainer, self.module, self.progress
-        if self._window_has_grad:
-            # Data without a length ended in the middle of an accumulation window.
-            self._optimizer_step()
+        # Data without a length may end in the middle of an accumulation window.
+        self.step_optimizers()
         progress.epoch_finished = True
         logged = self.metrics.finish_epoch("train")
         if self._validate_this_epoch and self._validation_interval is None:
@@ -235,50 +266,45 @@ class FitLoop:
         self.metrics.stage = "train_step"
         progress.start_next_epoch_if_finished()
 
-    # -- one batch ------------------------------------------------------------------------------
-
-    def _train_batch(self, batch: Any, batch_idx: int) -> None:
-        trainer, module, progress = self.trainer, self.module, self.progress
-        self.metrics.batch = batch
-        for hook in self._batch_start_hooks:
-            hook(trainer, module, batch, batch_idx)
-        if self._module_batch_start:
-            module.on_train_batch_start(batch, batch_idx)
-        batch = self.to_device(batch)
-        accumulate = self.accumulate
-        boundary = accumulate == 1 or (batch_idx + 1) % accumulate == 0 or batch_idx + 1 == self.num_batches
-        output = self.accumulation.run_batch(batch, batch_idx, boundary, self)
-        progress.batches_in_epoch += 1
-        progress.total_batches += 1
-        for hook in self._batch_end_hooks:
-            hook(trainer, module, output, batch, batch_idx)
-        if self._module_batch_end:
-            module.on_train_batch_end(output, batch, batch_idx)
-        if self._validate_this_epoch and self._validation_interval is not None:
-            count = progress.total_batches if self._validation_counts_globally else batch_idx + 1
-            if count % self._validation_interval == 0:
-                self._validate()
-
     # -- what a policy builds one item of training data out of (TrainingLoopSteps) ------------------
 
     def forward_backward(
         self, batch: Any, batch_idx: int, scale_loss: Callable[[torch.Tensor], torch.Tensor] | None
     ) -> tuple[Any, bool]:
-        strategy = self.strategy
-        output = strategy.run_step("training_step", batch, batch_idx)
+        output = self._training_step(batch, batch_idx)
         loss = output if type(output) is torch.Tensor else _loss_of(output)
         if loss is None:
             return output, False
         # Kept as returned (a detach per step costs more than the rest of this method); read as a float only.
         self.context.last_loss = loss
-        strategy.backward(loss if scale_loss is None else scale_loss(loss), self.backward_optimizer)
-        self.at_step_boundary("after_backward")
+        self._backward(loss if scale_loss is None else scale_loss(loss))
+        if self.at_step_boundary is not None:
+            self.at_step_boundary("after_backward")
         self._window_has_grad = True
         return output, True
 
     def step_optimizers(self) -> None:
-        if self._window_has_grad:
-            self._optimizer_step()
+        if not self._window_has_grad:
+            return
+        clip_val = self.settings.gradient_clip_val
+        step, at_step_boundary = self._step_optimizer, self.at_step_boundary
+        for optimizer in self.optimizers:
+            if clip_val is not None:
+                self.strategy.clip_gradients(optimizer, clip_val, self.settings.gradient_clip_algorithm)
+            step(optimizer)
+            if at_step_boundary is not None:
+                at_step_boundary("after_optimizer_step")
+        zero_grad = self._zero_grad
+        for optimizer in self.optimizers:
+            zero_grad(optimizer)
+        self._window_has_grad = False
+        # _count_optimizer_step() written out: a call per step is a measurable share of a small model's step.
+        progress = self.progress
+        progress.global_step += 1
+        if self.step_schedulers:
+            step_schedulers(self.step_schedulers, "step", progress.global_step, self.metrics.callback_metrics)
+        if self.logs_steps and progress.global_step % self.settings.log_every_n_steps == 0:
+            self._log_step_metrics()
 
     def record_engine_steps(self, output: Any, optimizer_steps: int) -> None:
         loss = _loss_of(output)
@@ -286,19 +312,6 @@ class FitLoop:
             self.context.last_loss = loss.detach()
         for _ in range(optimizer_steps):
             self._count_optimizer_step()
-
-    def _optimizer_step(self) -> None:
-        strategy, settings = self.strategy, self.settings
-        clip_val = settings.gradient_clip_val
-        for optimizer in self.optimizers:
-            if clip_val is not None:
-                strategy.clip_gradients(optimizer, clip_val, settings.gradient_clip_algorithm)
-            strategy.optimizer_step(optimizer)
-            self.at_step_boundary("after_optimizer_step")
-        for optimizer in self.optimizers:
-            strategy.zero_grad(optimizer)
-        self._window_has_grad = False
-        self._count_optimizer_step()
 
     def _count_optimizer_step(self) -> None:
         progress = self.progress

@@ -86,6 +86,8 @@ class LoggedMetrics:
         # training epoch must not consume the training epoch's values.
         self._epoch: dict[EpochGroup, dict[str, _EpochAggregate]] = {"train": {}, "evaluation": {}}
         self._epoch_end_values: dict[str, torch.Tensor] = {}
+        # (name, options) of values a training step logged before as plain step values -> their key.
+        self._step_value_keys: dict[tuple[Any, ...], str] = {}
 
     def log(
         self,
@@ -101,6 +103,15 @@ class LoggedMetrics:
         batch_size: int | None,
     ) -> None:
         stage = self.stage
+        options = None
+        if stage == "train_step":
+            # The same name logged again with the same options: everything but the value is known (and
+            # checked). Most training steps log this way, on every step, so it is worth keeping short.
+            options = (name, prog_bar, logger, on_step, on_epoch, sync_dist, reduce_fx)
+            known_key = self._step_value_keys.get(options)
+            if known_key is not None and type(value) is torch.Tensor and value.numel() == 1:
+                self.callback_metrics[known_key] = value.detach()
+                return
         if stage is None or stage == "predict":
             raise RuntimeError(f"self.log({name!r}) is not supported here; log from training/validation/test hooks.")
         fx = _REDUCE_FX.get(reduce_fx)
@@ -112,7 +123,7 @@ class LoggedMetrics:
             on_step = stage == "train_step"
         if on_epoch is None:
             on_epoch = stage != "train_step"
-        tensor = value.detach() if isinstance(value, torch.Tensor) and value.numel() == 1 else _as_tensor(value, name)
+        tensor = _as_tensor(value, name)
         if self.suffix:
             name = name + self.suffix
         if stage == "train_epoch":
@@ -132,6 +143,8 @@ class LoggedMetrics:
                 self.step_logger_keys[key] = None
             if prog_bar:
                 self.prog_bar_keys[key] = None
+            if options is not None and not on_epoch and not sync_dist and not self.suffix:
+                self._step_value_keys[options] = key
         if on_epoch:
             weight = batch_size if batch_size is not None else _batch_size(self.batch)
             if tensor.dtype not in (torch.float32, torch.float64):

@@ -39,7 +39,8 @@ def run_prediction(
             for batch_idx, batch in enumerate(feed(limited(loader, count))):
                 batch = strategy.batch_to_device(batch)
                 arguments = (batch, batch_idx, dataloader_idx) if several else (batch, batch_idx)
-                at_step_boundary("before_evaluation_step")
+                if at_step_boundary is not None:
+                    at_step_boundary("before_evaluation_step")
                 output = strategy.run_step("predict_step", *arguments)
                 outputs.append(output)
                 for hook in batch_end_hooks:
