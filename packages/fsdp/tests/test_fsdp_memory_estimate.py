@@ -1,9 +1,11 @@
+import pytest
 import torch
 from torch import nn
 
 import stratagem
 from stratagem.planning import model_footprint
 from stratagem_fsdp import FSDPStrategy
+from stratagem_fsdp.memory import RELEASING_STEP_TIME
 
 
 class Stack(nn.Module):
@@ -48,3 +50,33 @@ def test_fsdp_cpu_offload_keeps_the_shards_in_host_memory_and_is_declared_slower
 def test_fsdp_on_one_process_holds_everything_like_a_replicated_strategy():
     footprint, estimate = _estimate("fsdp", devices=1)
     assert estimate.device_bytes == footprint.training_state_bytes + footprint.activation_bytes
+
+
+def test_on_the_cpu_ranks_return_freed_memory_by_default_and_the_plan_counts_the_slower_step():
+    releasing = stratagem.resolve(accelerator="cpu", strategy=FSDPStrategy(), devices=2)
+    keeping = stratagem.resolve(accelerator="cpu", strategy=FSDPStrategy(release_host_memory=False), devices=2)
+    assert releasing.releases_host_memory
+    assert not keeping.releases_host_memory
+    footprint = model_footprint(Stack())[0]
+    slower = releasing.estimate_memory(footprint).relative_step_time
+    assert slower == pytest.approx(keeping.estimate_memory(footprint).relative_step_time * RELEASING_STEP_TIME)
+
+
+def test_setting_up_a_releasing_rank_asks_the_allocator_to_return_freed_memory(monkeypatch):
+    import stratagem_fsdp.strategy as module
+
+    asked = []
+    monkeypatch.setattr(module, "release_freed_host_memory", lambda: asked.append(True))
+    for release in (False, None):
+        strategy = stratagem.resolve(accelerator="cpu", strategy=FSDPStrategy(release_host_memory=release), devices=1)
+        monkeypatch.setattr(type(strategy).__mro__[1], "setup_environment", lambda self: None)
+        monkeypatch.setattr(module, "init_device_mesh", lambda *args, **kwargs: pytest.fail("stop after the allocator"))
+        with pytest.raises(pytest.fail.Exception, match="stop after the allocator"):
+            strategy.setup_environment()
+    assert asked == [True]
+
+
+@pytest.mark.parametrize("value", ["yes", 1, 0.0])
+def test_release_host_memory_takes_only_a_boolean_or_none(value):
+    with pytest.raises(TypeError, match=r"FSDPStrategy\(release_host_memory="):
+        FSDPStrategy(release_host_memory=value)

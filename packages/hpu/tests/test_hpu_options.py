@@ -26,7 +26,7 @@ def test_lazy_mode_is_the_default_and_marks_a_step_after_backward_and_after_the_
     run = trainer(tmp_path)
     run.fit(Classifier(), make_loader(num_samples=32))
     places = [call["place"] for call in _calls(habana_calls, "mark_step")]
-    assert places == 4 * ["fit_loop.py:forward_backward", "fit_loop.py:_optimizer_step"]
+    assert places == 4 * ["fit_loop.py:forward_backward", "fit_loop.py:step_optimizers"]
     assert os.environ["PT_HPU_LAZY_MODE"] == "1"
 
 

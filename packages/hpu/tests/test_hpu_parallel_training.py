@@ -78,7 +78,7 @@ def test_mark_step_comes_after_backward_after_the_optimizer_step_and_before_eval
         # The three metrics logged per training step and two per validation step add none.
         assert places == {
             "fit_loop.py:forward_backward": FIT_BATCHES_PER_RANK,
-            "fit_loop.py:_optimizer_step": FIT_BATCHES_PER_RANK,
+            "fit_loop.py:step_optimizers": FIT_BATCHES_PER_RANK,
             "evaluation_loop.py:run_evaluation": 2 * 2 + 2 + 2,
             "predict_loop.py:run_prediction": 1,
         }

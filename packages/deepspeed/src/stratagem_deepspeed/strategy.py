@@ -24,7 +24,9 @@ from stratagem.strategies import (
     ModelFootprint,
     OwnsAccumulation,
     ParallelStrategy,
+    check_release_host_memory,
     release_freed_host_memory,
+    releases_host_memory,
     skip_parameter_init,
     split_parallel_options,
 )
@@ -152,12 +154,7 @@ class DeepSpeedStrategy(ParallelStrategy, OwnsAccumulation):
         self.user_config = load_config(config)
         self.logging_level = logging_level
         self.save_full_weights = save_full_weights
-        if release_host_memory is not None and not isinstance(release_host_memory, bool):
-            raise TypeError(
-                f"DeepSpeedStrategy(release_host_memory={release_host_memory!r}) is not valid; expected None "
-                "(yes on the CPU accelerator), True or False."
-            )
-        self._release_host_memory = release_host_memory
+        self._release_host_memory = check_release_host_memory("DeepSpeedStrategy", release_host_memory)
         self._loop_settings_connected = False
         self._config: dict[str, Any] | None = None
         self._engine: DeepSpeedEngine | None = None
@@ -260,9 +257,7 @@ class DeepSpeedStrategy(ParallelStrategy, OwnsAccumulation):
         """Whether each rank has the allocator return freed tensors' memory at once (``release_host_memory``):
         by default on the CPU accelerator, where the engine's memory is host memory and the heap otherwise keeps
         what every step frees (see :func:`stratagem.strategies.release_freed_host_memory`)."""
-        if self._release_host_memory is not None:
-            return self._release_host_memory
-        return self.accelerator.device_type == "cpu"
+        return releases_host_memory(self._release_host_memory, self.accelerator.device_type)
 
     @property
     def checkpoint_io(self) -> CheckpointIO:

@@ -10,6 +10,9 @@ SHARDED_STEP_TIME = 1.1
 """Gathering parameters and reduce-scattering gradients costs a little over DDP's all-reduce."""
 OFFLOADED_STEP_TIME = 1.6
 """Copying every shard between host and device, and stepping on the host."""
+RELEASING_STEP_TIME = 1.35
+"""How much longer a step takes when freed memory goes back to the system at once (FSDP on the CPU, 109M
+parameters, 6 steps: 4.27 s against 3.17 s with CPU offload, 6.41 against 4.73 without)."""
 
 
 def fsdp_estimate(

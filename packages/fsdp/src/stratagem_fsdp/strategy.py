@@ -6,6 +6,7 @@ import contextlib
 import functools
 import warnings
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal, cast
 
@@ -31,11 +32,14 @@ from stratagem.strategies import (
     MemoryEstimate,
     ModelFootprint,
     ParallelStrategy,
+    check_release_host_memory,
+    release_freed_host_memory,
+    releases_host_memory,
     split_parallel_options,
 )
 from stratagem_fsdp.checkpoint_io import DistributedCheckpointIO
 from stratagem_fsdp.materialize import has_meta_tensors, materialize
-from stratagem_fsdp.memory import fsdp_estimate
+from stratagem_fsdp.memory import RELEASING_STEP_TIME, fsdp_estimate
 from stratagem_fsdp.optimizer_state import parameter_names, to_index_keyed, to_name_keyed
 from stratagem_fsdp.options import (
     ModulePolicy,
@@ -97,10 +101,12 @@ class FSDPStrategy(ParallelStrategy, BackwardSyncControl):
         sharding_strategy: ShardingStrategyName | Any = "FULL_SHARD",
         state_dict_type: StateDictType = "sharded",
         device_mesh: tuple[int, int] | None = None,
+        release_host_memory: bool | None = None,
         **options: Any,
     ) -> None:
         parallel_options, kwargs = split_parallel_options(options)
         super().__init__(**parallel_options)
+        self._release_host_memory = check_release_host_memory("FSDPStrategy", release_host_memory)
         self.sharding_strategy = sharding_strategy_name(sharding_strategy)
         self.state_dict_type = check_state_dict_type(state_dict_type)
         self.cpu_offload = check_cpu_offload(cpu_offload)
@@ -124,7 +130,16 @@ class FSDPStrategy(ParallelStrategy, BackwardSyncControl):
         self._offload_policy = offload_policy(self.cpu_offload, self.accelerator.device_type)
 
     def estimate_memory(self, footprint: ModelFootprint) -> MemoryEstimate:
-        return fsdp_estimate(footprint, self._configured_layout, self._auto_wrap, offload=bool(self.cpu_offload))
+        estimate = fsdp_estimate(footprint, self._configured_layout, self._auto_wrap, offload=bool(self.cpu_offload))
+        if self.releases_host_memory:
+            estimate = replace(estimate, relative_step_time=estimate.relative_step_time * RELEASING_STEP_TIME)
+        return estimate
+
+    @property
+    def releases_host_memory(self) -> bool:
+        """Whether each rank has the allocator return freed tensors' memory at once (``release_host_memory``;
+        by default on the CPU accelerator, see :func:`stratagem.strategies.releases_host_memory`)."""
+        return releases_host_memory(self._release_host_memory, self.accelerator.device_type)
 
     @property
     def checkpoint_io(self) -> CheckpointIO:
@@ -165,6 +180,8 @@ class FSDPStrategy(ParallelStrategy, BackwardSyncControl):
 
     def setup_environment(self) -> None:
         super().setup_environment()
+        if self.releases_host_memory:
+            release_freed_host_memory()
         layout = self._configured_layout
         self._device_mesh = init_device_mesh(
             self.root_device.type, layout.mesh_shape, mesh_dim_names=layout.mesh_dim_names

@@ -11,7 +11,11 @@ from stratagem.strategies.capabilities import (
     StepBoundary,
     StepBoundaryListener,
 )
-from stratagem.strategies.host_allocator import release_freed_host_memory
+from stratagem.strategies.host_allocator import (
+    check_release_host_memory,
+    release_freed_host_memory,
+    releases_host_memory,
+)
 from stratagem.strategies.init_contexts import skip_parameter_init
 from stratagem.strategies.memory import MemoryEstimate, ModelFootprint, replicated_estimate
 from stratagem.strategies.parallel import ParallelOptions, ParallelStrategy, split_parallel_options
@@ -37,7 +41,9 @@ __all__ = [
     "StepBoundaryListener",
     "Strategy",
     "StrategyOptions",
+    "check_release_host_memory",
     "release_freed_host_memory",
+    "releases_host_memory",
     "replicated_estimate",
     "skip_parameter_init",
     "split_parallel_options",
