@@ -129,17 +129,22 @@ def test_the_strategy_leaves_unset_buckets_out_of_its_config_until_it_knows_the_
     assert given.config["zero_optimization"]["reduce_bucket_size"] == 5_000_000
 
 
-def test_nvme_offload_counts_page_locked_swap_buffers_in_host_memory_and_the_states_on_disk(wide, tmp_path):
-    estimate = _estimate(
-        wide,
-        precision="bf16-mixed",
+def _nvme_estimate(footprint, nvme_path, precision="32-true"):
+    """Stage 3 with parameters and optimizer state offloaded to NVMe."""
+    return _estimate(
+        footprint,
+        precision=precision,
         stage=3,
         offload_optimizer=True,
         offload_parameters=True,
         offload_optimizer_device="nvme",
         offload_params_device="nvme",
-        nvme_path=str(tmp_path),
+        nvme_path=str(nvme_path),
     )
+
+
+def test_nvme_offload_counts_page_locked_swap_buffers_in_host_memory_and_the_states_on_disk(wide, tmp_path):
+    estimate = _nvme_estimate(wide, tmp_path, precision="bf16-mixed")
     bucket = WIDE_LARGEST_PARAMETER
     shard = WIDE_ELEMENTS / 2
     parameter_swap_buffers = 5 * 100_000_000 * 2  # DeepSpeed's defaults, in bf16
@@ -159,15 +164,7 @@ def test_nvme_offload_counts_page_locked_swap_buffers_in_host_memory_and_the_sta
 
 
 def test_stage_3_counts_the_end_of_the_fit_where_every_rank_gathers_the_whole_model(wide, tmp_path):
-    estimate = _estimate(
-        wide,
-        stage=3,
-        offload_optimizer=True,
-        offload_parameters=True,
-        offload_optimizer_device="nvme",
-        offload_params_device="nvme",
-        nvme_path=str(tmp_path),
-    )
+    estimate = _nvme_estimate(wide, tmp_path)
     bucket = WIDE_LARGEST_PARAMETER
     shard = WIDE_ELEMENTS / 2
     temporaries = 2 * bucket * 4

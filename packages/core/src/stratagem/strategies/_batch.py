@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -12,8 +13,10 @@ def move_to_device(batch: Any, device: torch.device) -> Any:
     return device_mover(device)(batch)
 
 
+@functools.lru_cache(maxsize=8)
 def device_mover(device: torch.device) -> Callable[[Any], Any]:
-    """:func:`move_to_device` to ``device`` as one callable, for a loop that moves every batch to the same device."""
+    """:func:`move_to_device` to ``device`` as one callable, for a loop that moves every batch to the same device
+    (made once per device: ``move_to_device`` is called per batch by strategies that override the step calls)."""
     non_blocking = device.type == "cuda"
     # ``.device`` builds a device object per tensor; a CPU tensor says where it is without one. A tensor already
     # on the device is returned as it is by ``.to`` as well, so a batch passed through unchanged is the same.

@@ -298,13 +298,7 @@ class FitLoop:
         for optimizer in self.optimizers:
             zero_grad(optimizer)
         self._window_has_grad = False
-        # _count_optimizer_step() written out: a call per step is a measurable share of a small model's step.
-        progress = self.progress
-        progress.global_step += 1
-        if self.step_schedulers:
-            step_schedulers(self.step_schedulers, "step", progress.global_step, self.metrics.callback_metrics)
-        if self.logs_steps and progress.global_step % self.settings.log_every_n_steps == 0:
-            self._log_step_metrics()
+        self._count_optimizer_step()
 
     def record_engine_steps(self, output: Any, optimizer_steps: int) -> None:
         loss = _loss_of(output)
