@@ -120,7 +120,8 @@ class DistributedCheckpointIO(CheckpointIO):
 
 
 class _PreReadMetadata(FileSystemReader):
-    """A reader whose metadata was read (without running code) before DCP asks for it.
+    """A reader whose metadata was read and checked before DCP asks for it, and whose failure to
+    read a piece names the piece's file.
 
     Read up front so that a refusal reaches the caller as it is: DCP catches errors of
     ``read_metadata`` and goes looking for per-rank metadata files instead.
@@ -129,6 +130,7 @@ class _PreReadMetadata(FileSystemReader):
     def __init__(self, directory: Path, metadata: Metadata) -> None:
         super().__init__(directory)
         self._metadata = metadata
+        self._piece: Any = None
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
         if self._metadata.storage_meta is None:
@@ -136,11 +138,32 @@ class _PreReadMetadata(FileSystemReader):
         self._metadata.storage_meta.load_id = self.load_id
         return self._metadata
 
+    def _slice_file(self, file: Any, sinfo: Any) -> Any:
+        self._piece = sinfo
+        return super()._slice_file(file, sinfo)
+
+    def read_data(self, plan: Any, planner: Any) -> Any:
+        self._piece = None
+        try:
+            return super().read_data(plan, planner)
+        except CheckpointError:
+            raise
+        except Exception as error:
+            if self._piece is None:
+                raise
+            piece = self._piece
+            file = Path(self.path) / piece.relative_path
+            where = f"{str(file)!r} (bytes {piece.offset} to {piece.offset + piece.length})"
+            # A piece holds one tensor, which torch reads weights-only whatever the caller chose: bytes that
+            # do not unpickle are corrupt, and torch's advice to set weights_only=False would not help.
+            explained = explain_load_failure(where, error, weights_only=False)
+            if explained is None:
+                raise
+            raise explained from error
+
 
 def _reader(directory: Path, weights_only: bool) -> FileSystemReader:
-    if not weights_only:
-        return FileSystemReader(directory)
-    return _PreReadMetadata(directory, read_metadata(directory / METADATA_FILE))
+    return _PreReadMetadata(directory, read_metadata(directory / METADATA_FILE, weights_only))
 
 
 def _load(directory: Path, state: dict[str, Any], reader: FileSystemReader, planner: Any, no_dist: bool) -> None:

@@ -3,7 +3,8 @@
 torch's ``FileSystemReader.read_metadata`` unpickles the file with plain :mod:`pickle`, so a crafted
 ``.metadata`` would run its payload on any load, whatever ``weights_only`` says. Here the pickle may
 name only the metadata dataclasses of ``torch.distributed.checkpoint`` (as torch 2.x writes them),
-``torch.Size``, torch dtypes and layouts, and paths; anything else is refused with its name.
+``torch.Size``, torch dtypes and layouts, and paths; anything else is refused with its name. What the
+metadata declares is then checked against the checkpoint's files (:mod:`stratagem_fsdp.dcp_layout`).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from torch.distributed.checkpoint.metadata import (
 from torch.serialization import _get_layout
 
 from stratagem.checkpoint_io import CheckpointError
+from stratagem_fsdp.dcp_layout import check_layout
 
 _ALLOWED: dict[tuple[str, str], Any] = {
     **{("pathlib", path.__name__): path for path in (PosixPath, WindowsPath, PurePosixPath, PureWindowsPath)},
@@ -100,13 +102,14 @@ class _MetadataUnpickler(pickle._Unpickler):  # type: ignore[name-defined,misc]
         dispatch[_opcode[0]] = _refuse_extension
 
 
-def read_metadata(file: Path) -> Metadata:
-    """The DCP metadata in ``file``, unpickled without running code; :class:`CheckpointError` if it is not that."""
+def read_metadata(file: Path, weights_only: bool = True) -> Metadata:
+    """The DCP metadata in ``file``, checked against the files beside it; :class:`CheckpointError` if it is not
+    that. Unpickled without running code, unless not ``weights_only`` (a checkpoint the caller trusts)."""
     if file.stat().st_size == 0:
         raise CheckpointError(f"{str(file)!r} is an empty file, not DCP metadata (was its save interrupted?).")
     try:
         with file.open("rb") as stream:
-            metadata = _MetadataUnpickler(stream).load()
+            metadata = (_MetadataUnpickler(stream) if weights_only else pickle.Unpickler(stream)).load()
     except _Refused as error:
         raise CheckpointError(
             f"{str(file)!r} is not DCP metadata as torch writes it: {error}; unpickling it could run code. Only if "
@@ -115,7 +118,7 @@ def read_metadata(file: Path) -> Metadata:
     except _CORRUPTION as error:
         raise _corrupt(file, error) from error
     _check_structure(metadata, file)
-    return metadata
+    return check_layout(metadata, file)
 
 
 def _check_structure(metadata: object, file: Path) -> None:
