@@ -64,6 +64,7 @@ def load_module(
     (``configure_model``) and load the checkpoint's weights, whichever strategy wrote it."""
     from stratagem.checkpoint_io import TorchCheckpointIO
     from stratagem.checkpoint_io.readers import read_full_checkpoint
+    from stratagem.trainer.checkpointing import check_trainer_entries
 
     if map_location is not None and not isinstance(map_location, str | torch.device):
         raise TypeError(
@@ -75,6 +76,7 @@ def load_module(
         raise ValueError(
             f"{str(checkpoint_path)!r} holds no module weights (no 'module' entry); it is not a checkpoint."
         )
+    check_trainer_entries(checkpoint, str(checkpoint_path))
     arguments = {**(checkpoint.get(HYPER_PARAMETERS_KEY) or {}), **overrides}
     module = _construct(module_class, arguments, checkpoint_path, HYPER_PARAMETERS_KEY in checkpoint)
     module.configure_model()

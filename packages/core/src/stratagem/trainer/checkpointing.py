@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from stratagem.callbacks.model_checkpoint import ModelCheckpoint, default_checkpoint_root, find_last_checkpoint
 from stratagem.checkpoint_io import CheckpointError
 from stratagem.module_loading import HYPER_PARAMETERS_KEY
+from stratagem.trainer.progress import FitProgress
 from stratagem.trainer.rng import capture_rng_state
 
 if TYPE_CHECKING:
@@ -86,7 +87,8 @@ def restore_fit(trainer: Trainer, module: Module, path: str, weights_only: bool)
     if trainer.optimizers:
         state["optimizers"] = list(trainer.optimizers)
     remaining = trainer.strategy.load_checkpoint(path, state, weights_only=weights_only)
-    _check_entries(remaining, path)
+    check_trainer_entries(remaining, path)
+    fit_state = _fit_state(remaining, path)
     schedulers = remaining.get("lr_schedulers", [])
     if len(schedulers) != len(trainer.lr_scheduler_configs):
         raise ValueError(
@@ -101,10 +103,7 @@ def restore_fit(trainer: Trainer, module: Module, path: str, weights_only: bool)
     for callback in trainer.callbacks:
         if callback.state_key in callback_states:
             callback.load_state_dict(callback_states[callback.state_key])
-    if "loops" in remaining:
-        if not isinstance(remaining["loops"].get("fit"), dict):
-            raise CheckpointError(f"{path!r} is not a stratagem checkpoint: its 'loops' entry has no 'fit' dict.")
-        fit_state = dict(remaining["loops"]["fit"])
+    if fit_state is not None:
         trainer.epoch_start_state = fit_state.pop("epoch_start", None)
         trainer.fit_progress.load_state_dict(fit_state)
     module.on_load_checkpoint(remaining)
@@ -117,7 +116,7 @@ def restore_fit(trainer: Trainer, module: Module, path: str, weights_only: bool)
 def restore_weights(trainer: Trainer, module: Module, path: str, weights_only: bool) -> None:
     """Load only the module's weights (for validate, test and predict)."""
     remaining = trainer.strategy.load_checkpoint(path, {"module": module}, weights_only=weights_only)
-    _check_entries(remaining, path)
+    check_trainer_entries(remaining, path)
     module.on_load_checkpoint(remaining)
     announce_loaded(trainer, path, remaining, "loaded the weights of")
 
@@ -167,7 +166,9 @@ _ENTRY_TYPES: dict[str, type] = {"lr_schedulers": list, "loops": dict, "callback
 """The Trainer's own entries and what each must be, so that a malformed one is named rather than failing later."""
 
 
-def _check_entries(checkpoint: dict[str, Any], path: str) -> None:
+def check_trainer_entries(checkpoint: dict[str, Any], path: str) -> None:
+    """A :class:`CheckpointError` naming ``path`` if one of the Trainer's entries has the wrong type, or
+    ``format_version`` is not one this stratagem reads."""
     for key, expected in _ENTRY_TYPES.items():
         if key in checkpoint and not isinstance(checkpoint[key], expected):
             raise CheckpointError(
@@ -175,10 +176,35 @@ def _check_entries(checkpoint: dict[str, Any], path: str) -> None:
                 f"not a {expected.__name__}."
             )
     version = checkpoint.get("format_version", FORMAT_VERSION)
-    if not isinstance(version, int):
-        raise CheckpointError(f"{path!r} has the format_version {version!r}; a stratagem checkpoint has an int.")
+    if not isinstance(version, int) or isinstance(version, bool):
+        shown = repr(version) if isinstance(version, str | float | bool) and len(repr(version)) <= 40 else "not an int"
+        raise CheckpointError(
+            f"{path!r} has the format_version {shown}; a stratagem checkpoint has an int from 1 to {FORMAT_VERSION}."
+        )
     if version > FORMAT_VERSION:
         raise CheckpointError(
             f"{path!r} has checkpoint format {version}, newer than this stratagem reads ({FORMAT_VERSION}); "
             "upgrade stratagem."
         )
+    if version < 1:
+        raise CheckpointError(
+            f"{path!r} has the format_version {version}; stratagem checkpoints start at format 1 (this stratagem reads "
+            f"1 to {FORMAT_VERSION})."
+        )
+
+
+def _fit_state(checkpoint: dict[str, Any], path: str) -> dict[str, Any] | None:
+    """The checkpoint's fit-loop counters, checked before anything is restored from them: a negative step
+    would resume a run that never reaches ``max_steps``."""
+    if "loops" not in checkpoint:
+        return None
+    fit = checkpoint["loops"].get("fit")
+    if not isinstance(fit, dict):
+        raise CheckpointError(f"{path!r} is not a stratagem checkpoint: its 'loops' entry has no 'fit' dict.")
+    fit_state = dict(fit)
+    epoch_start = fit_state.pop("epoch_start", None)
+    try:
+        FitProgress().load_state_dict(fit_state)
+    except ValueError as error:
+        raise CheckpointError(f"{path!r} cannot be resumed: in its loop state ('loops' -> 'fit'), {error}.") from None
+    return {**fit_state, "epoch_start": epoch_start}

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 
@@ -26,17 +26,34 @@ class FitProgress:
         return asdict(self)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.epoch = int(state["epoch"])
-        self.global_step = int(state["global_step"])
-        self.batches_in_epoch = int(state["batches_in_epoch"])
-        self.epoch_finished = bool(state["epoch_finished"])
-        self.total_batches = int(state["total_batches"])
+        """Take the counters in ``state``; a ``ValueError`` naming the field if one is missing, not a
+        non-negative int (``epoch_finished``: not a bool), since a resumed loop counts on from them."""
+        for field in fields(self):
+            value = state.get(field.name)
+            if field.type == "bool":
+                valid = isinstance(value, bool)
+            else:
+                valid = isinstance(value, int) and not isinstance(value, bool) and value >= 0
+            if not valid:
+                kind = "a bool" if field.type == "bool" else "a non-negative int"
+                raise ValueError(f"{field.name} is {_describe(value)}, not {kind}")
+        for field in fields(self):
+            setattr(self, field.name, state[field.name])
 
     def start_next_epoch_if_finished(self) -> None:
         if self.epoch_finished:
             self.epoch += 1
             self.batches_in_epoch = 0
             self.epoch_finished = False
+
+
+def _describe(value: object) -> str:
+    """``value`` as an error may show it: it comes from a file, so only a number is shown whole."""
+    if value is None:
+        return "missing"
+    if isinstance(value, int | float) and len(str(value)) <= 40:
+        return str(value)
+    return f"a {type(value).__name__}"
 
 
 @dataclass(frozen=True)
