@@ -114,6 +114,22 @@ def test_a_piece_past_the_end_of_its_file_is_called_truncated(genuine, tmp_path)
         _read(directory)
 
 
+_LOADS = {
+    "read whole": _read,
+    "into a module": lambda directory: DistributedCheckpointIO().load_into(
+        directory, {"module": {"weight": torch.zeros(8, 32)}}
+    ),
+}
+
+
+@pytest.mark.parametrize("load", sorted(_LOADS))
+def test_a_directory_without_its_plain_state_is_refused_naming_the_missing_file(genuine, tmp_path, load):
+    directory = _copy(genuine, tmp_path)
+    (directory / "plain_state.pt").unlink()
+    with pytest.raises(CheckpointError, match=r"crafted' is incomplete: it lacks plain_state\.pt, which holds"):
+        _LOADS[load](directory)
+
+
 def _nested_list_pickle(metadata, depth):
     """``metadata`` pickled with one planner_data path replaced by a list nested ``depth`` deep (built by
     opcodes: pickling such a list would itself exceed the recursion limit)."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import io
+import os
 import shutil
 import warnings
 from collections.abc import Iterator
@@ -252,8 +253,12 @@ def _top_level_keys(reader: FileSystemReader) -> list[str]:
 
 def _read_plain_entries(directory: Path, weights_only: bool) -> dict[str, Any]:
     file = directory / PLAIN_STATE_FILE
-    if not file.is_file():
-        return {}
+    if not os.path.lexists(file):
+        # Without it a resume would silently start over from step 0, with fresh schedulers and RNG.
+        raise CheckpointError(
+            f"The checkpoint {str(directory)!r} is incomplete: it lacks {PLAIN_STATE_FILE}, which holds its loop "
+            "state, lr schedulers, RNG state and other entries besides the shards (was it copied in part?)."
+        )
     return check_checkpoint(load_torch_file(file, weights_only=weights_only), file)
 
 
