@@ -18,6 +18,7 @@ from stratagem.checkpoint_io import (
     temporary_sibling,
 )
 from stratagem_deepspeed.checkpoint_layout import (
+    LATEST_FILE,
     METADATA_KEY,
     STATE_FILE,
     is_deepspeed_checkpoint,
@@ -81,6 +82,8 @@ def read_checkpoint(
     metadata = checkpoint.pop(METADATA_KEY, {})
     module_key = metadata.get("module_key", "module")
     tag = tag or read_tag(directory)
+    if tag is None and metadata and module_key not in checkpoint:
+        raise _missing_latest(directory)
     optimizers_key = metadata.get("optimizers_key")
     if tag is None or (module_key in checkpoint and optimizers_key in (None, *checkpoint)):
         return checkpoint
@@ -99,6 +102,18 @@ def read_checkpoint(
         # Gathering holds every rank's optimizer state at once, and evaluation never takes it.
         checkpoint.defer(optimizers_key, lambda: [gather_optimizer_state(directory, tag)])
     return checkpoint
+
+
+def _missing_latest(directory: Path) -> CheckpointError:
+    """The error for a directory the strategy saved through DeepSpeed's engine whose ``latest`` is gone: the
+    module's weights are only in the shards of a tag directory, and nothing says which."""
+    tags = sorted(entry.parent.name for entry in directory.glob("*/*model_states.pt"))
+    found = f"tag directories with shards: {', '.join(map(repr, dict.fromkeys(tags)))}" if tags else "no shards found"
+    return CheckpointError(
+        f"{str(directory)!r} lacks its {LATEST_FILE!r} file, which names the tag directory holding the DeepSpeed "
+        f"shards (the module's weights are there, not in {STATE_FILE}); {found}. Write the tag's name into "
+        f"{str(directory / LATEST_FILE)!r}, or pass tag= to convert_zero_checkpoint_to_fp32_state_dict."
+    )
 
 
 def _to(weights: dict[str, torch.Tensor], map_location: torch.device | str | None) -> dict[str, torch.Tensor]:
