@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint import CheckpointException, DefaultLoadPlanner, FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint import CheckpointException, DefaultLoadPlanner, FileSystemReader
 from torch.distributed.checkpoint._traverse import set_element
 from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
@@ -32,6 +32,7 @@ from stratagem.checkpoint_io import (
     temporary_sibling,
 )
 from stratagem_fsdp.dcp_metadata import read_metadata
+from stratagem_fsdp.dcp_writes import FailedWritesNamedWriter, save_file, write_failure
 from stratagem_fsdp.optimizer_state import is_name_keyed, to_index_keyed
 
 METADATA_FILE = ".metadata"
@@ -67,20 +68,23 @@ class DistributedCheckpointIO(CheckpointIO):
         staging = _staging_directory(target, create=is_writer, grouped=grouped)
         try:
             with _quiet_single_process_warning():
-                dcp.save(sharded, storage_writer=FileSystemWriter(staging), no_dist=not grouped)
-        except BaseException:
+                dcp.save(sharded, storage_writer=FailedWritesNamedWriter(staging), no_dist=not grouped)
+        except BaseException as error:
             if is_writer:
                 shutil.rmtree(staging, ignore_errors=True)
-            raise
+            explained = write_failure(target, error)
+            if explained is None:
+                raise
+            raise explained from error
         failure: BaseException | None = None
         if is_writer:
             try:
                 # move_into_place fsyncs every file of the directory before it takes the name.
-                torch.save(plain, staging / PLAIN_STATE_FILE)
+                save_file(plain, staging / PLAIN_STATE_FILE)
                 move_into_place(staging, target)
             except BaseException as error:
                 shutil.rmtree(staging, ignore_errors=True)
-                failure = error
+                failure = write_failure(target, error) or error
         outcome = _broadcast(None if failure is None else f"{type(failure).__name__}: {failure}", grouped)
         if failure is not None:
             raise failure
