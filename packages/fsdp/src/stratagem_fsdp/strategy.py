@@ -380,6 +380,12 @@ class FSDPStrategy(ParallelStrategy, BackwardSyncControl):
         if isinstance(target, nn.Module):
             set_model_state_dict(target, value or {}, options=options)
         elif isinstance(target, Optimizer):
+            if index_keyed and self.broadcast(_holds_no_tensors(value)):
+                # torch's broadcast of a whole optimizer state needs a tensor to learn the device from, and
+                # fails without one (SGD without momentum keeps none): such a state is small, and every rank
+                # takes it whole, as its sharded state (it has nothing to shard).
+                value = self.broadcast(value)
+                options = replace(options, full_state_dict=False, broadcast_from_rank0=False)
             if index_keyed and value:
                 value = to_name_keyed(value, parameter_names(self.module, target))
             set_optimizer_state_dict(self.module, target, value or {}, options=options)
@@ -456,6 +462,15 @@ def _unaliased(state: Any, live: list[torch.Tensor]) -> Any:
 def _storage_address(tensor: torch.Tensor) -> int:
     local = tensor.to_local() if isinstance(tensor, DTensor) else tensor
     return local.untyped_storage().data_ptr()
+
+
+def _holds_no_tensors(optimizer_state: Any) -> bool:
+    """Whether a whole optimizer state (rank 0's; ``None`` elsewhere) keeps no tensor per parameter."""
+    if not isinstance(optimizer_state, dict):
+        return False
+    found: list[torch.Tensor] = []
+    tree_map(lambda item: found.append(item) if isinstance(item, torch.Tensor) else None, optimizer_state.get("state"))
+    return not found
 
 
 def _is_optimizer_list(value: Any) -> bool:
