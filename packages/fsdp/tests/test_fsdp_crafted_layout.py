@@ -10,6 +10,7 @@ import torch
 
 from stratagem.checkpoint_io import CheckpointError, TorchCheckpointIO, read_full_checkpoint
 from stratagem.cli.main import main
+from stratagem_fsdp import dcp_layout
 from stratagem_fsdp.checkpoint_io import METADATA_FILE, DistributedCheckpointIO
 from stratagem_fsdp.dcp_metadata import read_metadata
 
@@ -60,7 +61,15 @@ def _read(directory):
     return dict(read_full_checkpoint(directory, TorchCheckpointIO()))
 
 
-def test_genuine_metadata_passes_every_check_and_loads_the_saved_values(genuine):
+@pytest.fixture(params=["in Python", "in a tensor"])
+def counting(request, monkeypatch):
+    """Both ways the coverage check counts the chunks holding each cell."""
+    if request.param == "in a tensor":
+        monkeypatch.setattr(dcp_layout, "_SMALL_GRID_CELLS", 0)
+    return request.param
+
+
+def test_genuine_metadata_passes_every_check_and_loads_the_saved_values(genuine, counting):
     loaded = _read(genuine)
     assert torch.equal(loaded["module"]["weight"], torch.arange(256, dtype=torch.float32).reshape(8, 32))
     assert loaded["loops"] == {"fit": {"global_step": 3}}
@@ -74,7 +83,7 @@ def test_a_terabyte_tensor_declared_over_a_few_kilobytes_is_refused_before_any_a
 
 
 @pytest.mark.parametrize("load", ["read whole", "into a module", "consolidate"])
-def test_chunks_that_leave_part_of_a_tensor_unsaved_are_refused(genuine, tmp_path, capsys, load):
+def test_chunks_that_leave_part_of_a_tensor_unsaved_are_refused(genuine, tmp_path, capsys, load, counting):
     # Twice the saved rows, the saved chunk covering only the first half: torch would load the rest uninitialised.
     directory = _rewritten(genuine, tmp_path, lambda m: _resize(m, [16, 32], [([0, 0], [8, 32])]))
     message = r"crafted/\.metadata'.*chunks of 'module\.weight' do not cover its size \[16, 32\]"
@@ -99,10 +108,24 @@ def test_a_large_tensor_built_from_one_piece_read_many_times_is_refused(genuine,
     assert not (tmp_path / "out.pt").exists()
 
 
-def test_overlapping_chunks_are_refused(genuine, tmp_path):
+def test_chunks_sharing_bytes_are_refused(genuine, tmp_path):
     directory = _rewritten(genuine, tmp_path, lambda m: _resize(m, [8, 32], [([0, 0], [8, 32]), ([4, 0], [4, 32])]))
     with pytest.raises(CheckpointError, match=r"stores 'module\.weight' and 'module\.weight' in overlapping bytes"):
         _read(directory)
+
+
+def test_overlapping_chunks_are_refused(genuine, tmp_path, counting):
+    def overlap(metadata):
+        # The second chunk's bytes are those of the momentum buffer, which the metadata then no longer lists.
+        [momentum] = [name for name in metadata.state_dict_metadata if name.endswith("momentum_buffer")]
+        del metadata.state_dict_metadata[momentum], metadata.planner_data[momentum]
+        [index] = [index for index in metadata.storage_data if index.fqn == momentum]
+        elsewhere = metadata.storage_data.pop(index)
+        _resize(metadata, [8, 32], [([0, 0], [8, 32]), ([4, 0], [4, 32])])
+        metadata.storage_data[type(index)(WEIGHT, [4, 0])] = elsewhere
+
+    with pytest.raises(CheckpointError, match=r"crafted/\.metadata'.*chunks of 'module\.weight' overlap"):
+        _read(_rewritten(genuine, tmp_path, overlap))
 
 
 def test_a_piece_past_the_end_of_its_file_is_called_truncated(genuine, tmp_path):

@@ -12,7 +12,9 @@ the bytes on disk, and what it loads is what was saved.
 from __future__ import annotations
 
 import bisect
+import collections
 import dataclasses
+import functools
 import itertools
 import math
 import os
@@ -41,6 +43,9 @@ MAX_LIST_INDEX = 1_000_000
 
 _MAX_GRID_CELLS = 1 << 22
 """Most cells of the grid that a tensor's chunk boundaries cut it into, for the coverage check (16 MB)."""
+
+_SMALL_GRID_CELLS = 4096
+"""Up to this many cells in all chunks, the coverage check counts in Python rather than in a tensor."""
 
 
 class _Fault(Exception):
@@ -182,16 +187,27 @@ def _check_coverage(name: str, entry: TensorStorageMetadata) -> None:
     grid = [len(cuts) - 1 for cuts in boundaries]
     if math.prod(grid) > _MAX_GRID_CELLS:
         raise _Fault(f"the {len(entry.chunks)} chunks of {name!r} are cut too irregularly to check that they cover it")
-    counts = torch.zeros(grid, dtype=torch.int32)
-    for chunk in entry.chunks:
-        cells = tuple(
-            slice(bisect.bisect_left(cuts, start), bisect.bisect_left(cuts, start + extent))
+    spans = [
+        [
+            (bisect.bisect_left(cuts, start), bisect.bisect_left(cuts, start + extent))
             for cuts, start, extent in zip(boundaries, chunk.offsets, chunk.sizes)
+        ]
+        for chunk in entry.chunks
+    ]
+    if sum(math.prod(end - start for start, end in span) for span in spans) <= _SMALL_GRID_CELLS:
+        # Counted in Python: for the few cells of the usual layouts, faster than tensor operations.
+        counts = collections.Counter(
+            cell for span in spans for cell in itertools.product(*(range(start, end) for start, end in span))
         )
-        counts[cells] += 1
-    if bool((counts > 1).any()):
+        overlap, covered = any(count > 1 for count in counts.values()), len(counts) == math.prod(grid)
+    else:
+        grid_counts = torch.zeros(grid, dtype=torch.int32)
+        for span in spans:
+            grid_counts[tuple(slice(start, end) for start, end in span)] += 1
+        overlap, covered = bool((grid_counts > 1).any()), not bool((grid_counts == 0).any())
+    if overlap:
         raise _Fault(f"chunks of {name!r} overlap")
-    if bool((counts == 0).any()):
+    if not covered:
         raise _Fault(f"the chunks of {name!r} do not cover its size {list(entry.size)}: part of it was never saved")
 
 
@@ -228,10 +244,15 @@ def _expect(value: object, expected: type, what: str) -> None:
     """``value`` is exactly an ``expected`` with only its own fields (no attributes a crafted pickle added)."""
     if type(value) is not expected:
         raise _Fault(f"{what} is {_kind(value)}, not a {expected.__name__}")
-    fields = {field.name for field in dataclasses.fields(expected)} if dataclasses.is_dataclass(expected) else set()
-    extra = set(getattr(value, "__dict__", {})) - fields
-    if extra:
+    attributes = getattr(value, "__dict__", {}).keys()
+    if not attributes <= _field_names(expected):
+        extra = attributes - _field_names(expected)
         raise _Fault(f"{what} carries attributes a {expected.__name__} does not have: {sorted(map(str, extra))[:5]}")
+
+
+@functools.cache
+def _field_names(cls: type) -> frozenset[str]:
+    return frozenset(field.name for field in dataclasses.fields(cls)) if dataclasses.is_dataclass(cls) else frozenset()
 
 
 def _expect_dict(value: object, key_type: type, value_types: type | tuple[type, ...], what: str) -> None:
