@@ -199,6 +199,21 @@ def test_malformed_planner_data_is_refused_naming_the_entry(genuine, tmp_path, p
         _read(directory)
 
 
+def test_a_fault_names_a_huge_or_escaping_entry_name_shortened_and_escaped(genuine, tmp_path):
+    name = "\x1b[2J" + "w" * 1_000_000
+
+    def rename(metadata):
+        _resize(metadata, [16, 32], [([0, 0], [8, 32])])
+        metadata.state_dict_metadata[name] = metadata.state_dict_metadata.pop(WEIGHT)
+        for index in [index for index in metadata.storage_data if index.fqn == WEIGHT]:
+            metadata.storage_data[type(index)(name, index.offset)] = metadata.storage_data.pop(index)
+
+    with pytest.raises(CheckpointError, match="do not cover") as raised:
+        _read(_rewritten(genuine, tmp_path, rename))
+    assert "\x1b" not in str(raised.value)
+    assert len(str(raised.value)) < 1000
+
+
 def test_metadata_with_attributes_torch_never_writes_is_refused(genuine, tmp_path):
     directory = _rewritten(genuine, tmp_path, lambda m: setattr(m.state_dict_metadata[WEIGHT], "extra", [1]))
     with pytest.raises(CheckpointError, match=r"'module\.weight' carries attributes a TensorStorageMetadata does not"):

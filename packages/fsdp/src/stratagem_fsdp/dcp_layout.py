@@ -70,22 +70,22 @@ def _check_types(metadata: object) -> Metadata:
     assert isinstance(metadata, Metadata)
     _expect_dict(metadata.state_dict_metadata, str, (TensorStorageMetadata, BytesStorageMetadata), "its entries")
     for name, entry in metadata.state_dict_metadata.items():
-        _expect(entry, type(entry), f"the entry {name!r}")
+        _expect(entry, type(entry), f"the entry {_short(name)}")
         if isinstance(entry, TensorStorageMetadata):
             _check_tensor_types(name, entry)
     _expect_dict(metadata.storage_data, MetadataIndex, _StorageInfo, "its storage_data")
     for index, info in metadata.storage_data.items():
         if not isinstance(index.fqn, str) or not (index.offset is None or _is_size(index.offset)):
             raise _Fault(f"a storage key holds {_short(index.fqn)} and {_short(index.offset)}, not a name and offsets")
-        _expect(index, MetadataIndex, f"the storage key of {index.fqn!r}")
-        _expect(info, _StorageInfo, f"the storage of {index.fqn!r}")
+        _expect(index, MetadataIndex, f"the storage key of {_short(index.fqn)}")
+        _expect(info, _StorageInfo, f"the storage of {_short(index.fqn)}")
         for field in ("offset", "length"):
             value = getattr(info, field)
             if type(value) is not int or value < 0:
-                raise _Fault(f"the storage of {index.fqn!r} has the {field} {value!r}, not a non-negative int")
+                raise _Fault(f"the storage of {_short(index.fqn)} has the {field} {value!r}, not a non-negative int")
         if info.transform_descriptors:
             raise _Fault(
-                f"the storage of {index.fqn!r} is transformed ({_short(info.transform_descriptors)}, e.g. "
+                f"the storage of {_short(index.fqn)} is transformed ({_short(info.transform_descriptors)}, e.g. "
                 "compressed); "
                 "stratagem reads only untransformed pieces, whose sizes it can check against the files"
             )
@@ -106,23 +106,33 @@ def _check_types(metadata: object) -> Metadata:
 
 
 def _check_tensor_types(name: str, entry: TensorStorageMetadata) -> None:
-    _expect(entry.properties, TensorProperties, f"the properties of {name!r}")
-    if not isinstance(entry.properties.dtype, torch.dtype):
-        raise _Fault(f"{name!r} has the dtype {entry.properties.dtype!r}, not a torch.dtype")
+    _expect(entry.properties, TensorProperties, f"the properties of {_short(name)}")
+    properties = entry.properties
+    if not isinstance(properties.dtype, torch.dtype):
+        raise _Fault(f"{_short(name)} has the dtype {_short(properties.dtype)}, not a torch.dtype")
+    if not (
+        isinstance(properties.layout, torch.layout)
+        and isinstance(properties.memory_format, torch.memory_format)
+        and isinstance(properties.requires_grad, bool)
+        and isinstance(properties.pin_memory, bool)
+    ):
+        raise _Fault(f"the properties of {_short(name)} are not a layout, a memory format and flags")
     if not _is_size(entry.size):
-        raise _Fault(f"{name!r} has the size {entry.size!r}, not a torch.Size of non-negative ints")
+        raise _Fault(f"{_short(name)} has the size {_short(entry.size)}, not a torch.Size of non-negative ints")
     if not isinstance(entry.chunks, list):
-        raise _Fault(f"the chunks of {name!r} are {_kind(entry.chunks)}, not a list")
+        raise _Fault(f"the chunks of {_short(name)} are {_kind(entry.chunks)}, not a list")
     for chunk in entry.chunks:
-        _expect(chunk, ChunkStorageMetadata, f"a chunk of {name!r}")
+        _expect(chunk, ChunkStorageMetadata, f"a chunk of {_short(name)}")
         if not (_is_size(chunk.offsets) and _is_size(chunk.sizes)) or not (
             len(chunk.offsets) == len(chunk.sizes) == len(entry.size)
         ):
-            raise _Fault(f"a chunk of {name!r} does not hold the offsets and sizes of a {len(entry.size)}-d tensor")
+            raise _Fault(
+                f"a chunk of {_short(name)} does not hold the offsets and sizes of a {len(entry.size)}-d tensor"
+            )
         if any(start + extent > dim for start, extent, dim in zip(chunk.offsets, chunk.sizes, entry.size)):
             raise _Fault(
-                f"a chunk of {name!r} (offsets {list(chunk.offsets)}, sizes {list(chunk.sizes)}) reaches past its "
-                f"size {list(entry.size)}"
+                f"a chunk of {_short(name)} (offsets {list(chunk.offsets)}, sizes {list(chunk.sizes)}) reaches "
+                f"past its size {list(entry.size)}"
             )
 
 
@@ -136,18 +146,20 @@ def _check_storage(storage: dict[MetadataIndex, _StorageInfo], directory: Path) 
             try:
                 lengths[name] = (directory / name).stat().st_size
             except FileNotFoundError:
-                raise _Fault(f"it stores {index.fqn!r} in {name!r}, which is missing from the directory") from None
+                raise _Fault(
+                    f"it stores {_short(index.fqn)} in {_short(name)}, which is missing from the directory"
+                ) from None
         if info.offset + info.length > lengths[name]:
             raise _Fault(
-                f"it stores {index.fqn!r} at bytes {info.offset} to {info.offset + info.length} of {name!r}, "
-                f"which has {lengths[name]} bytes (is the file truncated?)"
+                f"it stores {_short(index.fqn)} at bytes {info.offset} to {info.offset + info.length} of "
+                f"{_short(name)}, which has {lengths[name]} bytes (is the file truncated?)"
             )
         ranges.setdefault(name, []).append((info.offset, info.offset + info.length, index.fqn))
     for name, spans in ranges.items():
         spans.sort()
         for (_, end, first), (start, _, second) in itertools.pairwise(spans):
             if start < end:
-                raise _Fault(f"it stores {first!r} and {second!r} in overlapping bytes of {name!r}")
+                raise _Fault(f"it stores {_short(first)} and {_short(second)} in overlapping bytes of {_short(name)}")
     return lengths
 
 
@@ -156,19 +168,19 @@ def _check_tensors(metadata: Metadata, lengths: dict[str, int]) -> None:
     for name, entry in metadata.state_dict_metadata.items():
         if isinstance(entry, BytesStorageMetadata):
             if MetadataIndex(name) not in storage:
-                raise _Fault(f"it stores no bytes for the entry {name!r}")
+                raise _Fault(f"it stores no bytes for the entry {_short(name)}")
             continue
         item_size = entry.properties.dtype.itemsize
         for chunk in entry.chunks:
             info = storage.get(MetadataIndex(name, chunk.offsets))
             if info is None:
-                raise _Fault(f"it stores no bytes for the chunk of {name!r} at offsets {list(chunk.offsets)}")
+                raise _Fault(f"it stores no bytes for the chunk of {_short(name)} at offsets {list(chunk.offsets)}")
             needed = math.prod(chunk.sizes) * item_size
             if info.length < needed:
                 raise _Fault(
-                    f"it declares the chunk of {name!r} at offsets {list(chunk.offsets)} as {list(chunk.sizes)} "
+                    f"it declares the chunk of {_short(name)} at offsets {list(chunk.offsets)} as {list(chunk.sizes)} "
                     f"{entry.properties.dtype} ({needed} bytes), but stores {info.length} bytes for it in "
-                    f"{info.relative_path!r}"
+                    f"{_short(info.relative_path)}"
                 )
         _check_coverage(name, entry)
 
@@ -186,7 +198,9 @@ def _check_coverage(name: str, entry: TensorStorageMetadata) -> None:
     ]
     grid = [len(cuts) - 1 for cuts in boundaries]
     if math.prod(grid) > _MAX_GRID_CELLS:
-        raise _Fault(f"the {len(entry.chunks)} chunks of {name!r} are cut too irregularly to check that they cover it")
+        raise _Fault(
+            f"the {len(entry.chunks)} chunks of {_short(name)} are cut too irregularly to check that they cover it"
+        )
     spans = [
         [
             (bisect.bisect_left(cuts, start), bisect.bisect_left(cuts, start + extent))
@@ -206,9 +220,11 @@ def _check_coverage(name: str, entry: TensorStorageMetadata) -> None:
             grid_counts[tuple(slice(start, end) for start, end in span)] += 1
         overlap, covered = bool((grid_counts > 1).any()), not bool((grid_counts == 0).any())
     if overlap:
-        raise _Fault(f"chunks of {name!r} overlap")
+        raise _Fault(f"chunks of {_short(name)} overlap")
     if not covered:
-        raise _Fault(f"the chunks of {name!r} do not cover its size {list(entry.size)}: part of it was never saved")
+        raise _Fault(
+            f"the chunks of {_short(name)} do not cover its size {list(entry.size)}: part of it was never saved"
+        )
 
 
 def _check_planner_data(planner_data: object) -> None:
@@ -224,14 +240,14 @@ def _check_planner_data(planner_data: object) -> None:
         if not isinstance(name, str) or not isinstance(path, tuple | list) or not path:
             raise _Fault(f"its planner_data maps {_short(name)} to {_short(path)}, not to a path of keys")
         if len(path) > MAX_PATH_LENGTH:
-            raise _Fault(f"its planner_data path for {name!r} nests {len(path)} deep (at most {MAX_PATH_LENGTH})")
+            raise _Fault(f"its planner_data path for {_short(name)} nests {len(path)} deep (at most {MAX_PATH_LENGTH})")
         if not isinstance(path[0], str):
-            raise _Fault(f"its planner_data path for {name!r} starts with {_short(path[0])}, not a name")
+            raise _Fault(f"its planner_data path for {_short(name)} starts with {_short(path[0])}, not a name")
         for key in path:
             if not (isinstance(key, str) or (type(key) is int and 0 <= key <= MAX_LIST_INDEX)):
                 raise _Fault(
-                    f"its planner_data path for {name!r} holds {_short(key)}, not a name or a list index from 0 to "
-                    f"{MAX_LIST_INDEX}"
+                    f"its planner_data path for {_short(name)} holds {_short(key)}, not a name or a list index "
+                    f"from 0 to {MAX_LIST_INDEX}"
                 )
         containers.update(tuple(path[:depth]) for depth in range(1, len(path)))
         values.add(tuple(path))
@@ -270,7 +286,7 @@ def _is_size(value: object) -> bool:
 def _short(value: object) -> str:
     if isinstance(value, str | int):
         text = repr(value)
-        return text if len(text) <= 80 else text[:77] + "..."
+        return text if len(text) <= 200 else text[:197] + "..."
     return _kind(value)
 
 
