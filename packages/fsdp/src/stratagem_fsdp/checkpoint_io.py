@@ -25,9 +25,11 @@ from stratagem.checkpoint_io import (
     LazyCheckpoint,
     PathLike,
     check_checkpoint,
+    checkpoint_files,
     explain_load_failure,
     load_torch_file,
     move_into_place,
+    optional_checkpoint_file,
     temporary_sibling,
 )
 from stratagem_fsdp.dcp_metadata import read_metadata
@@ -138,6 +140,9 @@ class _PreReadMetadata(FileSystemReader):
 
 
 def _reader(directory: Path, weights_only: bool) -> FileSystemReader:
+    # DCP opens .metadata and the pieces it names by their names in the directory: none may be a link out
+    # of it, a pipe or a device (whatever weights_only says, only files inside the checkpoint are read).
+    checkpoint_files(directory)
     if not weights_only:
         return FileSystemReader(directory)
     return _PreReadMetadata(directory, read_metadata(directory / METADATA_FILE))
@@ -228,8 +233,8 @@ def _top_level_keys(reader: FileSystemReader) -> list[str]:
 
 
 def _read_plain_entries(directory: Path, weights_only: bool) -> dict[str, Any]:
-    file = directory / PLAIN_STATE_FILE
-    if not file.is_file():
+    file = optional_checkpoint_file(directory, PLAIN_STATE_FILE)
+    if file is None:
         return {}
     return check_checkpoint(load_torch_file(file, weights_only=weights_only), file)
 
