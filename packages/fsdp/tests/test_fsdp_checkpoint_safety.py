@@ -4,6 +4,7 @@
 import builtins
 import os
 import pickle
+import re
 
 import pytest
 from fsdp_testing import Block, build, make_strategy
@@ -189,3 +190,47 @@ def test_fsdp_on_two_ranks_refuses_a_crafted_metadata_file_on_every_rank(tmp_pat
         outcomes = workers.run(_load_sharded, str(directory))
     assert all("not DCP metadata as torch writes it" in outcome for outcome in outcomes), outcomes
     assert not marker.exists()
+
+
+def _distcp_linked_outside(directory, tmp_path):
+    [piece] = directory.glob("*.distcp")
+    moved = tmp_path / "elsewhere.distcp"
+    os.rename(piece, moved)
+    piece.symlink_to(moved)
+
+
+def _distcp_replaced_by_a_pipe(directory, tmp_path):
+    [piece] = directory.glob("*.distcp")
+    piece.unlink()
+    os.mkfifo(piece)
+
+
+def _plain_state_linked_outside(directory, tmp_path):
+    moved = tmp_path / "elsewhere.pt"
+    os.rename(directory / "plain_state.pt", moved)
+    (directory / "plain_state.pt").symlink_to(moved)
+
+
+_LAYOUTS = {
+    "a .distcp piece linked outside": (_distcp_linked_outside, r"\.distcp' leads outside the checkpoint"),
+    "a pipe in place of a .distcp piece": (_distcp_replaced_by_a_pipe, r"\.distcp' is a named pipe"),
+    "plain_state.pt linked outside": (_plain_state_linked_outside, r"plain_state\.pt' leads outside the checkpoint"),
+}
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("layout", list(_LAYOUTS))
+@pytest.mark.parametrize("entry", ["fit", "validate", "consolidate", "read_full_checkpoint", "load_into"])
+def test_a_piece_that_is_a_link_out_or_a_pipe_is_refused_by_every_reader_without_blocking(
+    trainer_checkpoint, tmp_path, capsys, layout, entry
+):
+    directory = _crafted(trainer_checkpoint, tmp_path, (trainer_checkpoint / METADATA_FILE).read_bytes())
+    craft, message = _LAYOUTS[layout]
+    craft(directory, tmp_path)
+    if entry == "consolidate":
+        assert main(["consolidate", str(directory), str(tmp_path / "out.pt")]) == 2
+        assert re.search(message, capsys.readouterr().err)
+        assert not (tmp_path / "out.pt").exists()
+    else:
+        with pytest.raises(CheckpointError, match=message):
+            dict(_LOADS[entry](directory, tmp_path))

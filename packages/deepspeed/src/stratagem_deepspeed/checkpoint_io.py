@@ -15,6 +15,7 @@ from stratagem.checkpoint_io import (
     check_checkpoint,
     load_torch_file,
     move_into_place,
+    optional_checkpoint_file,
     temporary_sibling,
 )
 from stratagem_deepspeed.checkpoint_layout import (
@@ -88,14 +89,13 @@ def read_checkpoint(
     if tag is None or (module_key in checkpoint and optimizers_key in (None, *checkpoint)):
         return checkpoint
     from stratagem_deepspeed.shards import (
-        check_weights_only,
+        check_shard_files,
         gather_fp32_weights,
         gather_optimizer_state,
         has_optimizer_shards,
     )
 
-    if weights_only:
-        check_weights_only(directory, tag)
+    check_shard_files(directory, tag, weights_only)
     if module_key not in checkpoint:
         checkpoint[module_key] = _to(gather_fp32_weights(directory, tag), map_location)
     if optimizers_key is not None and optimizers_key not in checkpoint and has_optimizer_shards(directory, tag):
@@ -126,7 +126,7 @@ def read_state_file(
     directory: Path, map_location: torch.device | str | None = "cpu", weights_only: bool = True
 ) -> dict[str, Any]:
     """The plain entries stratagem saved beside DeepSpeed's shards (``{}`` for a bare DeepSpeed directory)."""
-    path = directory / STATE_FILE
-    if not path.is_file():
+    path = optional_checkpoint_file(directory, STATE_FILE)
+    if path is None:
         return {}
     return dict(check_checkpoint(load_torch_file(path, map_location=map_location, weights_only=weights_only), path))

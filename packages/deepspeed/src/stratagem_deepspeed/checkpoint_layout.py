@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from stratagem.checkpoint_io import CheckpointError
+from stratagem.checkpoint_io import CheckpointError, optional_checkpoint_file
 
 STATE_FILE = "stratagem_state.pt"
 LATEST_FILE = "latest"
@@ -41,8 +41,8 @@ def is_deepspeed_checkpoint(path: str | os.PathLike[str]) -> bool:
 
 def read_tag(directory: Path) -> str | None:
     """The tag ``latest`` names, or ``None`` when the directory has no DeepSpeed shards."""
-    latest = directory / LATEST_FILE
-    if not latest.is_file():
+    latest = optional_checkpoint_file(directory, LATEST_FILE)
+    if latest is None:
         return None
     tag = latest.read_text().strip()
     if tag in ("", ".", "..") or Path(tag).name != tag:

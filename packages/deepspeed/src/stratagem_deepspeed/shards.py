@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from stratagem.checkpoint_io import CheckpointError, load_torch_file
+from stratagem.checkpoint_io import CheckpointError, checkpoint_files, load_torch_file
 
 
 def deepspeed_checkpoint_globals() -> list[Any]:
@@ -22,16 +22,24 @@ def deepspeed_checkpoint_globals() -> list[Any]:
     return [LossScaler, DynamicLossScaler, ZeroStageEnum, fragment_address]
 
 
-def check_weights_only(directory: Path, tag: str) -> None:
-    """Refuse shard files that hold anything but tensors, containers and DeepSpeed's known classes.
+def check_shard_files(directory: Path, tag: str, weights_only: bool) -> None:
+    """Refuse a checkpoint whose files DeepSpeed's reader must not open, before it opens any.
 
-    DeepSpeed itself loads its files with ``weights_only=False``; opening each one here first
-    (memory-mapped, so tensor bytes are not read) keeps a weights-only load safe. Every ``.pt`` file
-    under the tag is checked, also in subdirectories, so none that DeepSpeed may open is skipped.
+    Every file of the directory must lie inside it (a link out of it, a pipe or a device is refused,
+    see :func:`stratagem.checkpoint_io.checkpoint_files`). With ``weights_only``, every ``.pt`` file of
+    the tag, by the name DeepSpeed opens it under (in ``zero/`` too, also through links inside the
+    directory), must hold only tensors, containers and DeepSpeed's known classes: DeepSpeed loads its
+    files with ``weights_only=False``, so each is opened here first (memory-mapped: tensor bytes are
+    not read).
     """
+    files = checkpoint_files(directory)
+    if not weights_only:
+        return
     allowed = deepspeed_checkpoint_globals()
-    for path in sorted((directory / tag).rglob("*.pt")):
-        load_torch_file(path, weights_only=True, safe_globals=allowed, mmap=True)
+    tag_folder = Path(directory) / tag
+    for path in files:
+        if path.name.endswith(".pt") and path.is_relative_to(tag_folder):
+            load_torch_file(path, weights_only=True, safe_globals=allowed, mmap=True)
 
 
 def gather_fp32_weights(directory: Path, tag: str) -> dict[str, torch.Tensor]:

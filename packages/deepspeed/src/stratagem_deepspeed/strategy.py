@@ -537,12 +537,11 @@ class DeepSpeedStrategy(ParallelStrategy, OwnsAccumulation):
         return saved_stage == self.zero_stage and layout.shard_world_size(directory, tag) == self.world_size
 
     def _resume(self, directory: Path, state: dict[str, Any], strict: bool, weights_only: bool) -> dict[str, Any]:
-        from stratagem_deepspeed.shards import check_weights_only
+        from stratagem_deepspeed.shards import check_shard_files
 
         tag = layout.read_tag(directory)
         assert tag is not None
-        if weights_only:
-            check_weights_only(directory, tag)
+        check_shard_files(directory, tag, weights_only)
         entries = read_state_file(directory, weights_only=weights_only)
         metadata = entries.pop(layout.METADATA_KEY, {})
         wants_optimizer = any(_is_optimizers(value) for value in state.values())

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import io
-import os
 import shutil
 import warnings
 from collections.abc import Iterator
@@ -26,9 +25,11 @@ from stratagem.checkpoint_io import (
     LazyCheckpoint,
     PathLike,
     check_checkpoint,
+    checkpoint_files,
     explain_load_failure,
     load_torch_file,
     move_into_place,
+    optional_checkpoint_file,
     temporary_sibling,
 )
 from stratagem_fsdp.dcp_metadata import read_metadata
@@ -168,6 +169,9 @@ class _PreReadMetadata(FileSystemReader):
 
 
 def _reader(directory: Path, weights_only: bool) -> FileSystemReader:
+    # DCP opens .metadata and the pieces it names by their names in the directory: none may be a link out
+    # of it, a pipe or a device (whatever weights_only says, only files inside the checkpoint are read).
+    checkpoint_files(directory)
     return _PreReadMetadata(directory, read_metadata(directory / METADATA_FILE, weights_only))
 
 
@@ -256,8 +260,8 @@ def _top_level_keys(reader: FileSystemReader) -> list[str]:
 
 
 def _read_plain_entries(directory: Path, weights_only: bool) -> dict[str, Any]:
-    file = directory / PLAIN_STATE_FILE
-    if not os.path.lexists(file):
+    file = optional_checkpoint_file(directory, PLAIN_STATE_FILE)
+    if file is None:
         # Without it a resume would silently start over from step 0, with fresh schedulers and RNG.
         raise CheckpointError(
             f"The checkpoint {str(directory)!r} is incomplete: it lacks {PLAIN_STATE_FILE}, which holds its loop "

@@ -7,6 +7,12 @@ from stratagem.checkpoint_io.atomic import (
     temporary_siblings,
 )
 from stratagem.checkpoint_io.checkpoint_io import CheckpointIO, PathLike
+from stratagem.checkpoint_io.confined import (
+    checkpoint_file,
+    checkpoint_files,
+    optional_checkpoint_file,
+    regular_file,
+)
 from stratagem.checkpoint_io.errors import CheckpointError
 from stratagem.checkpoint_io.lazy import LazyCheckpoint
 from stratagem.checkpoint_io.readers import check_checkpoint, read_full_checkpoint
@@ -20,10 +26,14 @@ __all__ = [
     "PathLike",
     "TorchCheckpointIO",
     "check_checkpoint",
+    "checkpoint_file",
+    "checkpoint_files",
     "explain_load_failure",
     "load_torch_file",
     "move_into_place",
+    "optional_checkpoint_file",
     "read_full_checkpoint",
+    "regular_file",
     "remove_stale_temporaries",
     "temporary_sibling",
     "temporary_siblings",

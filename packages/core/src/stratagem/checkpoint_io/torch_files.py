@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from stratagem.checkpoint_io.confined import regular_file
 from stratagem.checkpoint_io.errors import CheckpointError
 
 _REFUSED_GLOBAL = re.compile(r"GLOBAL ([\w.]+)")
@@ -34,7 +35,7 @@ def load_torch_file(
     such, never with advice to switch the weights-only check off: only a valid pickle that
     references a refused global is, with that global named.
     """
-    if path.stat().st_size == 0:
+    if regular_file(path).stat().st_size == 0:
         raise CheckpointError(f"{str(path)!r} is an empty file, not a checkpoint (was its save interrupted?).")
     try:
         with torch.serialization.safe_globals(list(safe_globals)):
