@@ -14,7 +14,6 @@ from __future__ import annotations
 import bisect
 import collections
 import dataclasses
-import functools
 import itertools
 import math
 import os
@@ -46,6 +45,22 @@ _MAX_GRID_CELLS = 1 << 22
 
 _SMALL_GRID_CELLS = 4096
 """Up to this many cells in all chunks, the coverage check counts in Python rather than in a tensor."""
+
+
+_FIELD_NAMES: dict[type, frozenset[str]] = {
+    cls: frozenset(field.name for field in dataclasses.fields(cls))
+    for cls in (
+        Metadata,
+        TensorStorageMetadata,
+        BytesStorageMetadata,
+        ChunkStorageMetadata,
+        TensorProperties,
+        MetadataIndex,
+        StorageMeta,
+        _StorageInfo,
+    )
+}
+"""The attributes each metadata class has: a crafted pickle may set others."""
 
 
 class _Fault(Exception):
@@ -260,15 +275,11 @@ def _expect(value: object, expected: type, what: str) -> None:
     """``value`` is exactly an ``expected`` with only its own fields (no attributes a crafted pickle added)."""
     if type(value) is not expected:
         raise _Fault(f"{what} is {_kind(value)}, not a {expected.__name__}")
+    fields = _FIELD_NAMES.get(expected, frozenset())
     attributes = getattr(value, "__dict__", {}).keys()
-    if not attributes <= _field_names(expected):
-        extra = attributes - _field_names(expected)
+    if not attributes <= fields:
+        extra = attributes - fields
         raise _Fault(f"{what} carries attributes a {expected.__name__} does not have: {sorted(map(str, extra))[:5]}")
-
-
-@functools.cache
-def _field_names(cls: type) -> frozenset[str]:
-    return frozenset(field.name for field in dataclasses.fields(cls)) if dataclasses.is_dataclass(cls) else frozenset()
 
 
 def _expect_dict(value: object, key_type: type, value_types: type | tuple[type, ...], what: str) -> None:

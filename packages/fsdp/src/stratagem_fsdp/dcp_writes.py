@@ -73,7 +73,8 @@ class FailedWritesNamedWriter(FileSystemWriter):
 
     def __init__(self, path: Path) -> None:
         super().__init__(path)
-        self.fs = _RecordingFileSystem(_Recorder())
+        self._recorder = _Recorder()
+        self.fs = _RecordingFileSystem(self._recorder)
 
     def write_data(self, *args: Any, **kwargs: Any) -> Any:
         try:
@@ -90,7 +91,7 @@ class FailedWritesNamedWriter(FileSystemWriter):
             raise
 
     def _raise_recorded(self, error: Exception) -> None:
-        recorded = self.fs.recorder.error
+        recorded = self._recorder.error
         if recorded is not None and recorded is not error:
             raise recorded from error
 
@@ -116,7 +117,7 @@ def write_failure(target: Path, error: BaseException) -> OSError | None:
     if isinstance(error, CheckpointException):
         causes += [failure[0] if isinstance(failure, tuple) else failure for failure in error.failures.values()]
     cause = next((item for item in causes if isinstance(item, OSError) and item.errno is not None), None)
-    if cause is None:
+    if cause is None or cause.errno is None:
         return None
     where = f" while writing {cause.filename!r}" if cause.filename else ""
     reason = (
