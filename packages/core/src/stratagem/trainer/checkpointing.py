@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from stratagem.callbacks.model_checkpoint import ModelCheckpoint, default_checkpoint_root, find_last_checkpoint
 from stratagem.checkpoint_io import CheckpointError
-from stratagem.module_loading import HYPER_PARAMETERS_KEY
+from stratagem.module_loading import HYPER_PARAMETERS_KEY, stored_hyperparameters
 from stratagem.trainer.rng import capture_rng_state
 
 if TYPE_CHECKING:
@@ -34,7 +34,7 @@ def stratagem_version() -> str:
 def build_checkpoint(trainer: Trainer, module: Module) -> dict[str, Any]:
     """The state to hand to ``strategy.save_checkpoint``: live module and optimizers, plain values for the rest."""
     # Only when saved: Module.load_from_checkpoint rebuilds the module from them.
-    hyper_parameters = {HYPER_PARAMETERS_KEY: dict(module.hparams)} if module.hparams else {}
+    hyper_parameters = {HYPER_PARAMETERS_KEY: stored_hyperparameters(module.hparams)} if module.hparams else {}
     return {
         **hyper_parameters,
         "module": module,
