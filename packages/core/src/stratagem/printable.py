@@ -11,20 +11,27 @@ SHOWN_CHARACTERS = 200
 # C0 and C1 control characters, DEL, and the Unicode line and paragraph separators: each could
 # clear the screen, retitle the window or start a forged line of output.
 _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+_CONTROL_BUT_NEWLINE = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f\u2028\u2029]")
 
 
-def printable(text: object, limit: int = SHOWN_CHARACTERS) -> str:
+def printable(text: object, limit: int = SHOWN_CHARACTERS, *, keep_newlines: bool = False, tail: bool = False) -> str:
     """``str(text)`` with control characters escaped (``\\x1b``, ``\\n``) and cut to ``limit`` characters.
 
     What is cut is said (``... (52428800 characters in all)``), so a long value neither floods the
-    message nor looks whole.
+    message nor looks whole. ``keep_newlines`` leaves line breaks of a text meant to have several
+    lines (a traceback); ``tail`` keeps its end instead of its start.
     """
     text = str(text)
-    cut = text[:limit]
-    escaped = _CONTROL.sub(_escape, cut)
-    if len(text) > limit:
-        escaped += f"... ({len(text)} characters in all)"
-    return escaped
+    if len(text) <= limit:
+        return _escaped(text, keep_newlines)
+    if tail:
+        return f"({len(text)} characters in all) ..." + _escaped(text[-limit:], keep_newlines)
+    return _escaped(text[:limit], keep_newlines) + f"... ({len(text)} characters in all)"
+
+
+def _escaped(text: str, keep_newlines: bool) -> str:
+    control = _CONTROL_BUT_NEWLINE if keep_newlines else _CONTROL
+    return control.sub(_escape, text)
 
 
 def shown_repr(value: object, limit: int = SHOWN_CHARACTERS) -> str:
