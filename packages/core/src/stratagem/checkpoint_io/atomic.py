@@ -122,6 +122,52 @@ def _remove_quietly(path: Path) -> None:
             path.unlink()
 
 
+def claim_name(target: Path) -> bool:
+    """Reserve the unused name ``target`` for a checkpoint this process is about to write; False when the name
+    holds something already or another writer has reserved it.
+
+    The reservation is a hidden marker beside ``target``, created in one step (``O_EXCL``) so that of two
+    runs saving into one directory at once only one gets a name; release it with :func:`release_name`
+    once the checkpoint is in place. A marker whose writer is a dead process of this host is taken over.
+    """
+    marker = _claim_marker(target)
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    writer = f"{_host_tag()}-{os.getpid()}"
+    for _ in range(2):
+        try:
+            descriptor = os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644)
+        except FileExistsError:
+            if not _claimed_by_dead_writer(marker):
+                return False
+            _remove_quietly(marker)
+            continue
+        with os.fdopen(descriptor, "w") as file:
+            file.write(writer)
+        if os.path.lexists(target):
+            release_name(target)
+            return False
+        return True
+    return False
+
+
+def release_name(target: Path) -> None:
+    """Drop the reservation :func:`claim_name` made for ``target``."""
+    with contextlib.suppress(FileNotFoundError):
+        _claim_marker(target).unlink()
+
+
+def _claim_marker(target: Path) -> Path:
+    return target.parent / f".{target.name}.claim"
+
+
+def _claimed_by_dead_writer(marker: Path) -> bool:
+    try:
+        host, _, pid = marker.read_text()[:64].partition("-")
+    except OSError:
+        return False
+    return host == _host_tag() and pid.isdigit() and not _process_exists(int(pid))
+
+
 def move_into_place(finished: Path, target: Path) -> None:
     """Give the complete file or directory ``finished`` the name ``target``, replacing what is there.
 
