@@ -392,3 +392,6 @@ def test_a_name_is_claimed_by_one_writer_only_until_its_checkpoint_is_in_place(t
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     (tmp_path / ".other.ckpt.claim").write_text(f"{atomic._host_tag()}-{dead.stdout.strip()}")
     assert atomic.claim_name(other), "a crashed writer's reservation is taken over"
+    (tmp_path / ".epoch=0-step=2.ckpt.claim").write_text(f"{atomic._host_tag()}-{os.getpid()}")
+    assert atomic.remove_stale_temporaries(tmp_path) == [tmp_path / ".epoch=0-step=2.ckpt.claim"]
+    assert _names(tmp_path) == [".other.ckpt.claim", "epoch=0-step=2.ckpt"], "a live writer's reservation stays"

@@ -116,6 +116,7 @@ class ModelCheckpoint(Callback):
         self._writer = uuid.uuid4().hex
         self._written: set[str] = set()
         self._warned_of_names = False
+        self._claims: list[str] = []
 
     @property
     def state_key(self) -> str:
@@ -205,8 +206,23 @@ class ModelCheckpoint(Callback):
                 self._save_last(trainer, plan.last, linked_to=plan.path)
         finally:
             if trainer.is_global_zero:
-                for path in plan.claimed:
-                    release_name(Path(path))
+                self._claims += plan.claimed
+                self._release_settled_claims()
+
+    def _release_settled_claims(self) -> None:
+        # A reservation is dropped once its checkpoint holds the name: an asynchronous save may still be
+        # writing after save() returned, and then the name stays reserved until a later save or teardown.
+        for path in [path for path in self._claims if os.path.lexists(path)]:
+            release_name(Path(path))
+            self._claims.remove(path)
+
+    def teardown(self, trainer: Trainer, module: Module, stage: RunStage) -> None:
+        # The run is over: a write that failed leaves no reservation behind (an asynchronous one still
+        # finishing is released a moment early).
+        if trainer.is_global_zero:
+            for path in self._claims:
+                release_name(Path(path))
+            self._claims.clear()
 
     def _plan(self, trainer: Trainer, top_k: bool) -> _SavePlan | None:
         assert self.dirpath is not None

@@ -51,7 +51,8 @@ UNKNOWN_WRITER_SECONDS = 24 * 3600.0
 
 
 def remove_stale_temporaries(directory: Path) -> list[Path]:
-    """Remove what crashed writers left in ``directory`` under :func:`temporary_sibling` names; return them.
+    """Remove what crashed writers left in ``directory`` under :func:`temporary_sibling` names, and reservations
+    (:func:`claim_name`) that are moot; return them.
 
     Only names of that form are considered, and only certainly stale ones removed: written by a
     process of this host that no longer exists and untouched for :data:`DEAD_WRITER_GRACE_SECONDS`,
@@ -65,6 +66,13 @@ def remove_stale_temporaries(directory: Path) -> list[Path]:
     now = time.time()
     removed = []
     for entry in entries:
+        claimed = _CLAIM_NAME.fullmatch(entry.name)
+        if claimed is not None:
+            # Moot once its checkpoint holds the name, or when the process that reserved it is gone.
+            if os.path.lexists(entry.parent / claimed.group(1)) or _claimed_by_dead_writer(entry):
+                _remove_quietly(entry)
+                removed.append(entry)
+            continue
         match = _TEMPORARY_NAME.fullmatch(entry.name)
         if match is None:
             continue
@@ -81,6 +89,7 @@ def remove_stale_temporaries(directory: Path) -> list[Path]:
 
 
 _TEMPORARY_PREFIX = ".{name}.tmp-"
+_CLAIM_NAME = re.compile(r"\.(.+)\.claim")
 # New names carry host and pid; the older form (12 hex digits) has neither and only ages out.
 _TEMPORARY_NAME = re.compile(r"\..+\.tmp-(?:(?P<host>[0-9a-f]{8})-(?P<pid>\d+)-[0-9a-f]{8}|[0-9a-f]{12})")
 
