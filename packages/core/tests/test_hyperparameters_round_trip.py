@@ -133,9 +133,17 @@ def _checkpoint_with_hparams(tmp_path: Path, hparams: object) -> Path:
     return path
 
 
-def test_hyperparameters_that_are_not_a_dict_name_the_file_and_what_they_are(tmp_path):
-    path = _checkpoint_with_hparams(tmp_path, [1, 2, 3])
-    with pytest.raises(CheckpointError, match=r"crafted.ckpt.*'hyper_parameters' entry is \[1, 2, 3\] \(a list\)"):
+@pytest.mark.parametrize(
+    ("saved", "shown"),
+    [
+        ([1, 2, 3], r"\[1, 2, 3\] \(a list\)"),
+        (torch.ones(3), r"tensor\(.*\) \(a Tensor\)"),
+        ({1: 2}, r"\{1: 2\} \(a dict\)"),
+    ],
+)
+def test_hyperparameters_that_are_not_a_dict_of_names_name_the_file_and_what_they_are(tmp_path, saved, shown):
+    path = _checkpoint_with_hparams(tmp_path, saved)
+    with pytest.raises(CheckpointError, match=rf"crafted.ckpt.*'hyper_parameters' entry is {shown}"):
         Regressor.load_from_checkpoint(path)
 
 
