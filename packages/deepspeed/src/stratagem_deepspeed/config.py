@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from stratagem.config_values import check_config_values, parse_json
+from stratagem.printable import shown_repr
 from stratagem.strategies import LoopSettings
 
 CONFIG_PATH_VARIABLE = "STRATAGEM_DEEPSPEED_CONFIG_PATH"
@@ -305,8 +306,8 @@ def _clipping(given: Any, source: str) -> float | None:
         value = math.nan
     if not (math.isfinite(value) and value >= 0):
         raise ValueError(
-            f"{source} sets gradient_clipping={given!r}; expected a finite number of at least 0 (0, 'auto' or no "
-            "entry: no clipping). DeepSpeed would never clip with it."
+            f"{source} sets gradient_clipping={shown_repr(given, 60)}; expected a finite number of at least 0 (0, "
+            "'auto' or no entry: no clipping). DeepSpeed would never clip with it."
         )
     return value or None
 
