@@ -4,6 +4,7 @@ import shutil
 import subprocess
 import sys
 import time
+import warnings
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
@@ -395,3 +396,28 @@ def test_a_name_is_claimed_by_one_writer_only_until_its_checkpoint_is_in_place(t
     (tmp_path / ".epoch=0-step=2.ckpt.claim").write_text(f"{atomic._host_tag()}-{os.getpid()}")
     assert atomic.remove_stale_temporaries(tmp_path) == [tmp_path / ".epoch=0-step=2.ckpt.claim"]
     assert _names(tmp_path) == [".other.ckpt.claim", "epoch=0-step=2.ckpt"], "a live writer's reservation stays"
+
+
+def _concurrent_fit_into(root, dirpath, lr, ready):
+    ready.wait(timeout=60)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # the run that takes the -v1 name says so
+        trainer = _fit(
+            root, ModelCheckpoint(dirpath=dirpath, every_n_train_steps=2), ClassifierModule(lr=lr), max_steps=2
+        )
+    return trainer.checkpoint_callback.best_model_path, trainer.model.layers[0].weight.detach().clone()
+
+
+def test_concurrent_runs_given_the_same_dirpath_each_keep_their_own_checkpoint(tmp_path):
+    context = multiprocessing.get_context("spawn")
+    with context.Manager() as manager, ProcessPoolExecutor(2, mp_context=context) as pool:
+        ready = manager.Event()
+        futures = [
+            pool.submit(_concurrent_fit_into, tmp_path / str(lr), tmp_path / "shared", lr, ready) for lr in (0.1, 0.5)
+        ]
+        ready.set()
+        results = [future.result(timeout=120) for future in futures]
+    assert sorted(Path(path).name for path, _ in results) == ["epoch=0-step=2-v1.ckpt", "epoch=0-step=2.ckpt"]
+    for path, weight in results:
+        assert torch.equal(torch.load(path, weights_only=True)["module"]["layers.0.weight"], weight)
+    assert _names(tmp_path / "shared") == ["epoch=0-step=2-v1.ckpt", "epoch=0-step=2.ckpt"]
