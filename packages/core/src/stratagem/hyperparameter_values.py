@@ -88,4 +88,8 @@ def _describe(value: Any) -> str:
         return f"an enum member ({what})"
     if dataclasses.is_dataclass(value):
         return f"a dataclass ({what})"
+    if isinstance(value, type):
+        return f"a class ({value.__module__}.{value.__qualname__})"
+    if callable(value) and hasattr(value, "__qualname__"):
+        return f"a function ({getattr(value, '__module__', None) or '?'}.{value.__qualname__})"
     return f"of type {what}"
