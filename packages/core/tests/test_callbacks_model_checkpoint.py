@@ -126,13 +126,20 @@ def _concurrent_fit(root, steps, ready):
     return trainer.checkpoint_callback.best_model_path, steps
 
 
-def test_concurrent_runs_in_the_same_root_keep_every_runs_checkpoints(tmp_path):
+@pytest.fixture(scope="module")
+def spawned_runs():
+    """Three spawned processes (and a manager for events) that the concurrency tests share."""
     context = multiprocessing.get_context("spawn")
     with context.Manager() as manager, ProcessPoolExecutor(3, mp_context=context) as pool:
-        ready = manager.Event()
-        futures = [pool.submit(_concurrent_fit, tmp_path, steps, ready) for steps in (2, 3, 4)]
-        ready.set()
-        results = [future.result(timeout=120) for future in futures]
+        yield manager, pool
+
+
+def test_concurrent_runs_in_the_same_root_keep_every_runs_checkpoints(tmp_path, spawned_runs):
+    manager, pool = spawned_runs
+    ready = manager.Event()
+    futures = [pool.submit(_concurrent_fit, tmp_path, steps, ready) for steps in (2, 3, 4)]
+    ready.set()
+    results = [future.result(timeout=120) for future in futures]
     paths = [Path(path) for path, _ in results]
     assert len({path.parent for path in paths}) == 3
     assert sorted(path.parent.name for path in paths) == ["version_0", "version_1", "version_2"]
@@ -408,15 +415,13 @@ def _concurrent_fit_into(root, dirpath, lr, ready):
     return trainer.checkpoint_callback.best_model_path, trainer.model.layers[0].weight.detach().clone()
 
 
-def test_concurrent_runs_given_the_same_dirpath_each_keep_their_own_checkpoint(tmp_path):
-    context = multiprocessing.get_context("spawn")
-    with context.Manager() as manager, ProcessPoolExecutor(2, mp_context=context) as pool:
-        ready = manager.Event()
-        futures = [
-            pool.submit(_concurrent_fit_into, tmp_path / str(lr), tmp_path / "shared", lr, ready) for lr in (0.1, 0.5)
-        ]
-        ready.set()
-        results = [future.result(timeout=120) for future in futures]
+def test_concurrent_runs_given_the_same_dirpath_each_keep_their_own_checkpoint(tmp_path, spawned_runs):
+    manager, pool = spawned_runs
+    ready = manager.Event()
+    shared = tmp_path / "shared"
+    futures = [pool.submit(_concurrent_fit_into, tmp_path / str(lr), shared, lr, ready) for lr in (0.1, 0.5)]
+    ready.set()
+    results = [future.result(timeout=120) for future in futures]
     assert sorted(Path(path).name for path, _ in results) == ["epoch=0-step=2-v1.ckpt", "epoch=0-step=2.ckpt"]
     for path, weight in results:
         assert torch.equal(torch.load(path, weights_only=True)["module"]["layers.0.weight"], weight)
