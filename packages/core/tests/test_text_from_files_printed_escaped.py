@@ -10,6 +10,7 @@ from trainer_testing import ClassifierModule, make_loader, quiet_trainer
 
 from stratagem.checkpoint_io import CheckpointError, TorchCheckpointIO, read_full_checkpoint
 from stratagem.cli import doctor
+from stratagem.cli._listing import format_table
 from stratagem.cli.main import main
 from stratagem.launchers import RankFailedError, RankFailure
 
@@ -83,3 +84,11 @@ def test_doctor_escapes_what_plugins_and_the_environment_report():
     _assert_escaped(rendered)
     assert "evil\\x1b[2J" in rendered
     assert "      Traceback\n        line \\x1b]0;owned\\x07\n" in rendered
+
+
+def test_listings_escape_what_a_plugin_declares():
+    table = format_table(["NAME", "DESCRIPTION"], [["evil" + CLEAR_SCREEN, "a strategy" + TITLE + FORGED_LINE]])
+    _assert_escaped(table)
+    assert (
+        table.splitlines()[1] == "evil\\x1b[2J  a strategy\\x1b]0;owned\\x07\\nstratagem: resuming from /somewhere/else"
+    )
