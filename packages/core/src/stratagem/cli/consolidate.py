@@ -44,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
         # dict(): consolidation writes every entry, so deferred ones are read here, where their errors are caught.
         checkpoint = dict(read_full_checkpoint(source, io, weights_only=args.weights_only))
     except RuntimeError as error:
-        print(f"stratagem consolidate: error: {printable(error, 4000, keep_newlines=True)}", file=sys.stderr)
+        print(f"stratagem consolidate: error: {printable(error, 20_000, keep_newlines=True)}", file=sys.stderr)
         return 1
     print(f"read in {time.monotonic() - started:.1f} s; writing {printable(destination, 1000)}", flush=True)
     started = time.monotonic()

@@ -76,7 +76,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not isinstance(error, ValueError | TypeError | PluginError):
             raise
         # Messages carry text from files (a checkpoint's entries, a plugin's error): control sequences are escaped.
-        print(f"stratagem {chosen}: error: {printable(error, 4000, keep_newlines=True)}", file=sys.stderr)
+        print(f"stratagem {chosen}: error: {printable(error, 20_000, keep_newlines=True)}", file=sys.stderr)
         return 2
 
 
