@@ -233,7 +233,10 @@ def test_plan_command_prints_every_strategy_and_the_choice(tmp_path, capsys):
         (["plan", "missing_file.py:Net"], "does not exist"),
         (["plan", "torch.nn:Nope"], "no nn.Module class named 'Nope'"),
         (["plan", "torch.nn:Linear", "--init-args", "[1]"], "expected a JSON object"),
+        (["plan", "torch.nn:Linear", "--init-args", '{"in_features": 1e400}'], "1e400 is beyond what a float holds"),
+        (["plan", "torch.nn:Linear", "--init-args", '{"a": ' + "[" * 10_000 + "]" * 10_000 + "}"], "nested too deeply"),
     ],
+    ids=["no colon", "missing file", "no class", "not an object", "overflowing number", "nested 10000 deep"],
 )
 def test_plan_command_names_a_bad_argument(capsys, argv, message):
     assert main(argv) == 2

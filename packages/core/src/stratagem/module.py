@@ -86,8 +86,11 @@ class Module(nn.Module):
         """Record the arguments ``__init__`` received (call it there) in :attr:`hparams`; checkpoints
         the Trainer writes store them, so that :meth:`load_from_checkpoint` can rebuild the module.
 
-        ``names`` keeps only those arguments; ``ignore`` leaves some out (e.g. a module passed in,
-        which a weights-only load could not read back).
+        ``names`` keeps only those arguments; ``ignore`` leaves some out (e.g. a module passed in).
+        Values are kept as a weights-only load reads them back: a path becomes a string, a numpy
+        scalar a Python number; None, bool, int, float, complex, str, bytes, tensors, dtypes,
+        devices and lists, tuples, sets and dicts of them are kept as they are. Anything else (an
+        enum, a dataclass, a module, any other object) is a ``TypeError`` naming the argument.
         """
         frame = inspect.currentframe()
         caller = frame.f_back if frame is not None else None

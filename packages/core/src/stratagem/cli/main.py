@@ -10,6 +10,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from types import ModuleType
 
+from stratagem.printable import printable
+
 
 @dataclass(frozen=True)
 class Subcommand:
@@ -73,7 +75,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         if not isinstance(error, ValueError | TypeError | PluginError):
             raise
-        print(f"stratagem {chosen}: error: {error}", file=sys.stderr)
+        # Messages carry text from files (a checkpoint's entries, a plugin's error): control sequences are escaped.
+        print(f"stratagem {chosen}: error: {printable(error, 20_000, keep_newlines=True)}", file=sys.stderr)
         return 2
 
 

@@ -6,9 +6,11 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from stratagem.config_values import parse_json
+from stratagem.printable import shown_repr
 
 if TYPE_CHECKING:
     from torch import nn
@@ -65,12 +67,10 @@ def build_module(spec: str, init_args: str) -> nn.Module:
     location, separator, class_name = spec.rpartition(":")
     if not separator or not location or not class_name:
         raise ValueError(f"MODULE={spec!r} is not valid; expected package.module:Class or path/to/file.py:Class.")
-    try:
-        kwargs = json.loads(init_args)
-    except json.JSONDecodeError as error:
-        raise ValueError(f"--init-args={init_args!r} is not valid JSON: {error}.") from None
+    shown = f"--init-args={shown_repr(init_args)}"
+    kwargs = parse_json(init_args, shown)
     if not isinstance(kwargs, dict):
-        raise ValueError(f"--init-args={init_args!r} is not valid; expected a JSON object of keyword arguments.")
+        raise ValueError(f"{shown} is not valid; expected a JSON object of keyword arguments.")
     if location.endswith(".py"):
         path = Path(location)
         if not path.is_file():

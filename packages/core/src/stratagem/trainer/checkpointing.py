@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING, Any
 
 from stratagem.callbacks.model_checkpoint import ModelCheckpoint, default_checkpoint_root, find_last_checkpoint
 from stratagem.checkpoint_io import CheckpointError
-from stratagem.module_loading import HYPER_PARAMETERS_KEY
+from stratagem.module_loading import HYPER_PARAMETERS_KEY, stored_hyperparameters
+from stratagem.printable import printable
 from stratagem.trainer.rng import capture_rng_state
 
 if TYPE_CHECKING:
@@ -34,7 +35,7 @@ def stratagem_version() -> str:
 def build_checkpoint(trainer: Trainer, module: Module) -> dict[str, Any]:
     """The state to hand to ``strategy.save_checkpoint``: live module and optimizers, plain values for the rest."""
     # Only when saved: Module.load_from_checkpoint rebuilds the module from them.
-    hyper_parameters = {HYPER_PARAMETERS_KEY: dict(module.hparams)} if module.hparams else {}
+    hyper_parameters = {HYPER_PARAMETERS_KEY: stored_hyperparameters(module.hparams)} if module.hparams else {}
     return {
         **hyper_parameters,
         "module": module,
@@ -63,8 +64,8 @@ def announce_loaded(trainer: Trainer, path: str, checkpoint: dict[str, Any], wha
     """One line on global zero: which checkpoint was loaded, and how its run differed from this one."""
     if not trainer.is_global_zero:
         return
-    line = f"stratagem: {what} {path}"
-    # Only plain values of the expected kind are shown: the file may come from anywhere.
+    line = f"stratagem: {what} {printable(path, 1000)}"
+    # Only plain values of the expected kind are shown, control characters escaped: the file may come from anywhere.
     loops = checkpoint.get("loops")
     fit = loops.get("fit") if isinstance(loops, dict) else None
     if isinstance(fit, dict) and isinstance(fit.get("epoch"), int) and isinstance(fit.get("global_step"), int):
@@ -73,7 +74,7 @@ def announce_loaded(trainer: Trainer, path: str, checkpoint: dict[str, Any], wha
     if isinstance(then, dict):
         changed = [key for key, value in now.items() if isinstance(then.get(key), str | int) and then[key] != value]
         if changed:
-            before = ", ".join(f"{key} {str(then[key])[:100]}" for key in changed)
+            before = ", ".join(f"{key} {printable(then[key], 100)}" for key in changed)
             after = ", ".join(f"{key} {now[key]}" for key in changed)
             line += f"; it was saved with {before}, this run uses {after}"
     print(line, file=sys.stderr, flush=True)
