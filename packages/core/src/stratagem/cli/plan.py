@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
+import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
