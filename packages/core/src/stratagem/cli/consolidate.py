@@ -1,4 +1,5 @@
-"""``stratagem consolidate SRC DST``: any checkpoint (a directory of shards, say) as one plain ``torch.save`` file."""
+"""``stratagem consolidate SRC DST``: any checkpoint (a directory of shards, say) as one plain ``torch.save`` file,
+or with ``--format safetensors`` its weights as a Hugging Face model directory."""
 
 from __future__ import annotations
 
@@ -27,9 +28,33 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_false",
         help="allow arbitrary pickled objects in SRC (only for checkpoints you trust)",
     )
+    parser.add_argument(
+        "--format",
+        choices=("torch", "safetensors"),
+        default="torch",
+        help="torch: DST is one torch.save file of the whole checkpoint; safetensors: DST is a directory of the "
+        "module weights that transformers' from_pretrained reads (other files there, such as config.json, are kept)",
+    )
+    parser.add_argument(
+        "--max-shard-size",
+        default="5GB",
+        help="with --format safetensors: the largest file before the weights are split over several with an "
+        "index (default: 5GB)",
+    )
+    parser.add_argument(
+        "--prefix",
+        default=None,
+        help="with --format safetensors: what to strip from the module's keys to get the Hugging Face model's "
+        "(e.g. 'model.' for a Module holding it as self.model; only keys with it are written); default: the "
+        "Module's one attribute when all weights sit under it; '' keeps keys whole",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.format == "safetensors":
+        from stratagem.cli import consolidate_safetensors
+
+        return consolidate_safetensors.run(args)
     source, destination = Path(args.source), Path(args.destination)
     if not source.exists():
         raise ValueError(f"SRC={str(source)!r} does not exist; give a checkpoint directory or file.")
