@@ -292,7 +292,10 @@ class FSDPStrategy(ParallelStrategy, BackwardSyncControl):
     # -- checkpoints ------------------------------------------------------------------------
 
     def save_checkpoint(self, path: PathLike, state: dict[str, Any]) -> None:
-        self._require_live_process_group(f"save_checkpoint({str(path)!r})")
+        with self._joined_process_group():
+            self._save_checkpoint(path, state)
+
+    def _save_checkpoint(self, path: PathLike, state: dict[str, Any]) -> None:
         if self.state_dict_type == "sharded":
             sharded = {key: self._state_of_sharded(value) for key, value in state.items()}
             self.checkpoint_io.save_checkpoint(sharded, path)

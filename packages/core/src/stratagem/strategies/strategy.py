@@ -387,8 +387,10 @@ class Strategy(ABC):
 
         During a run, every rank returns once the checkpoint is complete. After the run (its process
         group gone), a strategy whose processes each hold the whole state writes from global rank 0
-        alone while the other ranks return at once; one that cannot write a complete checkpoint any
-        more (its shards went with the run) raises on every rank before writing anything.
+        alone while the other ranks return at once; one whose processes each hold their shards joins
+        them again to write together (see ``ParallelStrategy._joined_process_group``); one that cannot
+        write a complete checkpoint any more (its state went with the run) raises on every rank before
+        writing anything.
         """
         checkpoint = {key: self._state_of(value) for key, value in state.items()}
         if self.checkpoint_io.writes_collectively:

@@ -284,8 +284,9 @@ class Trainer:
         Call it on every rank (as hooks and callbacks are): strategies that shard save collectively. During a
         run every rank returns once the checkpoint is complete. After ``fit``/``validate``/``test`` has returned,
         a strategy whose processes each hold the whole state (``single_device``, ``ddp``) saves from global
-        rank 0, and the other ranks return at once; a sharded one (``fsdp``, ``deepspeed``) raises before
-        writing anything, because its shards went with the run: save from a callback or ModelCheckpoint there.
+        rank 0, and the other ranks return at once; ``fsdp``, whose processes each still hold their shards,
+        joins the ranks again to save them together; ``deepspeed`` raises before writing anything, because
+        its engine went with the run: save from a callback or ModelCheckpoint there.
         """
         module = self._module
         if module is None:
