@@ -154,6 +154,17 @@ def test_a_checkpoint_saved_after_fit_gives_the_same_loss_under_single_device(fs
     assert metrics["val_loss"] == expected["val_loss"]
 
 
+def test_async_saves_replace_the_top_checkpoint_only_once_the_new_one_is_whole(fsdp_run, tmp_path):
+    root = run_script(tmp_path / "async", "--plugins", "async", "--checkpoint-every", "4")
+    checkpoint = only_checkpoint(root)
+    assert checkpoint.name == f"epoch=0-step={STEPS}.ckpt"
+    assert {".metadata", "plain_state.pt"} <= {path.name for path in checkpoint.iterdir()}
+    assert not [path for path in checkpoint.parent.iterdir() if path.name.startswith(".")]
+    saved = read_full_checkpoint(checkpoint, TorchCheckpointIO())
+    assert_identical(saved["module"], live_weights(fsdp_run))
+    assert saved["loops"]["fit"]["global_step"] == STEPS
+
+
 def test_a_checkpoint_saved_at_train_end_gives_the_same_loss_under_single_device(fsdp_run):
     _, val_loader = demo_dataloaders(batch_size=16, num_samples=512)
     trained = DemoModule(hidden=HIDDEN)

@@ -26,7 +26,15 @@ from torch.distributed.tensor import DTensor
 from torch.optim import Optimizer
 from torch.utils._pytree import tree_map
 
-from stratagem.checkpoint_io import CheckpointError, CheckpointIO, LazyCheckpoint, PathLike, read_full_checkpoint
+from stratagem.checkpoint_io import (
+    CheckpointError,
+    CheckpointIO,
+    LazyCheckpoint,
+    PathLike,
+    TorchCheckpointIO,
+    read_full_checkpoint,
+)
+from stratagem.checkpoint_io.async_io import AsyncCheckpointIO
 from stratagem.strategies import (
     BackwardSyncControl,
     MemoryEstimate,
@@ -37,6 +45,7 @@ from stratagem.strategies import (
     releases_host_memory,
     split_parallel_options,
 )
+from stratagem_fsdp.async_checkpoint_io import AsyncDistributedCheckpointIO
 from stratagem_fsdp.checkpoint_io import DistributedCheckpointIO
 from stratagem_fsdp.materialize import has_meta_tensors, materialize
 from stratagem_fsdp.memory import RELEASING_STEP_TIME, fsdp_estimate
@@ -124,6 +133,9 @@ class FSDPStrategy(ParallelStrategy, BackwardSyncControl):
         self._weights_will_be_loaded = False
 
     def complete_configuration(self) -> None:
+        if self.state_dict_type == "sharded" and _is_plain_async(self._checkpoint_io):
+            # plugins="async" asks for saving in the background; sharded checkpoints do that through DCP.
+            self._checkpoint_io = AsyncDistributedCheckpointIO()
         self._layout = sharding_layout(
             self.sharding_strategy, self.num_processes * self.num_nodes, self.num_nodes, self._device_mesh_shape
         )
@@ -294,6 +306,9 @@ class FSDPStrategy(ParallelStrategy, BackwardSyncControl):
     def save_checkpoint(self, path: PathLike, state: dict[str, Any]) -> None:
         with self._joined_process_group():
             self._save_checkpoint(path, state)
+            if not self._in_run:
+                # Nothing will finish a background write once the ranks part again: finish it here.
+                self.checkpoint_io.teardown()
 
     def _save_checkpoint(self, path: PathLike, state: dict[str, Any]) -> None:
         if self.state_dict_type == "sharded":
@@ -459,6 +474,11 @@ def _unaliased(state: Any, live: list[torch.Tensor]) -> Any:
 def _storage_address(tensor: torch.Tensor) -> int:
     local = tensor.to_local() if isinstance(tensor, DTensor) else tensor
     return local.untyped_storage().data_ptr()
+
+
+def _is_plain_async(checkpoint_io: CheckpointIO | None) -> bool:
+    """``plugins="async"`` as resolved: core's background writer around its default one-file IO."""
+    return isinstance(checkpoint_io, AsyncCheckpointIO) and type(checkpoint_io.checkpoint_io) is TorchCheckpointIO
 
 
 def _is_optimizer_list(value: Any) -> bool:

@@ -26,9 +26,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         import safetensors  # noqa: F401
     except ModuleNotFoundError:
-        raise ValueError(
-            '--format safetensors needs the safetensors package: pip install "stratagem[safetensors]".'
-        ) from None
+        raise ValueError("--format safetensors needs the safetensors package: pip install safetensors") from None
     files, size = footprint(source)
     print(f"reading {source} ({files} file{'' if files == 1 else 's'}, {format_bytes(size)})", flush=True)
     started = time.monotonic()
