@@ -3,7 +3,10 @@
 
 At the end of training every rank runs the trained module on fixed tokens and rank 0 writes the logits to
 ``<root>/trained_logits.pt``; the checkpoint saved then (``on_train_end``) is ``<root>/trained.ckpt``, and
-``config.json`` the model's config as ``transformers`` saves it.
+``config.json`` the model's config as ``transformers`` saves it. Each rank writes the losses of its steps to
+``<root>/losses_rank<r>.pt``. ``--pretrained DIR`` starts from the weights ``save_pretrained`` wrote there:
+``--build eager`` loads them with ``from_pretrained`` in ``__init__``, ``--build configure_model`` builds the
+model in ``configure_model`` and asks ``load_pretrained`` for them.
 """
 
 from __future__ import annotations
@@ -39,15 +42,31 @@ def probe_tokens() -> torch.Tensor:
 class TinyGPT2(stratagem.Module):
     """The Hugging Face model held as ``self.model``, as users write it: its keys are ``model.*``."""
 
-    def __init__(self) -> None:
+    def __init__(self, pretrained: Path | None = None, build: str = "eager") -> None:
         super().__init__()
-        self.model = GPT2LMHeadModel(gpt2_config())
+        self.pretrained, self.build = pretrained, build
+        self.model: GPT2LMHeadModel | None = None
+        self.losses: list[torch.Tensor] = []
+        if build == "eager":
+            self.model = (
+                GPT2LMHeadModel(gpt2_config()) if pretrained is None else GPT2LMHeadModel.from_pretrained(pretrained)
+            )
+
+    def configure_model(self) -> None:
+        if self.model is None:
+            self.model = GPT2LMHeadModel(gpt2_config())
+            self.load_pretrained(self.pretrained, into=self.model)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.model(input_ids=input_ids).logits
 
     def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
-        return self.model(input_ids=batch, labels=batch).loss
+        loss = self.model(input_ids=batch, labels=batch).loss
+        self.losses.append(loss.detach().cpu())
+        return loss
+
+    def validation_step(self, batch: torch.Tensor, batch_idx: int) -> None:
+        self.log("val_loss", self.model(input_ids=batch, labels=batch).loss)
 
     def configure_optimizers(self) -> Any:
         return torch.optim.AdamW(self.parameters(), lr=1e-2)
@@ -65,13 +84,17 @@ class SaveTrained(Callback):
         if trainer.is_global_zero:
             torch.save(logits.cpu(), self.root / "trained_logits.pt")
         trainer.save_checkpoint(self.root / "trained.ckpt")
+        torch.save(torch.stack(module.losses), self.root / f"losses_rank{trainer.global_rank}.pt")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--strategy", required=True)
+    parser.add_argument("--devices", type=int, default=2)
     parser.add_argument("--root", type=Path, required=True)
     parser.add_argument("--max-steps", type=int, default=4)
+    parser.add_argument("--pretrained", type=Path, default=None, help="a save_pretrained directory to start from")
+    parser.add_argument("--build", choices=("eager", "configure_model"), default="eager")
     args = parser.parse_args()
     args.root.mkdir(parents=True, exist_ok=True)
     gpt2_config().save_pretrained(args.root)
@@ -79,7 +102,7 @@ def main() -> None:
     trainer = Trainer(
         strategy=args.strategy,
         accelerator="cpu",
-        devices=2,
+        devices=args.devices,
         max_steps=args.max_steps,
         default_root_dir=args.root,
         callbacks=[SaveTrained(args.root)],
@@ -89,7 +112,7 @@ def main() -> None:
         num_sanity_val_steps=0,
         seed=0,
     )
-    trainer.fit(TinyGPT2(), DataLoader(list(tokens), batch_size=8))
+    trainer.fit(TinyGPT2(args.pretrained, args.build), DataLoader(list(tokens), batch_size=8))
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy
 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 from torch.distributed.tensor import DTensor
+from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 from torch.optim import Optimizer
 from torch.utils._pytree import tree_map
 
@@ -35,6 +36,7 @@ from stratagem.checkpoint_io import (
     read_full_checkpoint,
 )
 from stratagem.checkpoint_io.async_io import AsyncCheckpointIO
+from stratagem.checkpoint_io.safetensors_import import SafetensorsWeights, copy_whole, load_pretrained_weights
 from stratagem.strategies import (
     BackwardSyncControl,
     MemoryEstimate,
@@ -366,6 +368,9 @@ class FSDPStrategy(ParallelStrategy, BackwardSyncControl):
             remaining.defer(key, functools.partial(_read_entry, path, self.checkpoint_io, weights_only, key))
         return remaining
 
+    def load_pretrained(self, target: nn.Module, weights: SafetensorsWeights) -> None:
+        load_pretrained_weights(target, weights, _copy_own_shard)
+
     def module_full_state_dict(self) -> dict[str, Any]:
         return _full_model_state(self.module)
 
@@ -474,6 +479,17 @@ def _unaliased(state: Any, live: list[torch.Tensor]) -> Any:
 def _storage_address(tensor: torch.Tensor) -> int:
     local = tensor.to_local() if isinstance(tensor, DTensor) else tensor
     return local.untyped_storage().data_ptr()
+
+
+def _copy_own_shard(name: str, tensor: torch.Tensor, weights: SafetensorsWeights) -> None:
+    """Fill this rank's shard of ``tensor`` with that slice of ``weights[name]``, reading nothing else."""
+    if not isinstance(tensor, DTensor):
+        copy_whole(name, tensor, weights)
+        return
+    shape, offset = compute_local_shape_and_global_offset(tensor.shape, tensor.device_mesh, tensor.placements)
+    local = tensor.to_local()
+    if local.numel():
+        local.copy_(weights.read(name, tuple(slice(start, start + size) for start, size in zip(offset, shape))))
 
 
 def _is_plain_async(checkpoint_io: CheckpointIO | None) -> bool:
