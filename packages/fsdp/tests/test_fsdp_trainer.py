@@ -155,7 +155,7 @@ def test_a_checkpoint_saved_after_fit_gives_the_same_loss_under_single_device(fs
 
 
 def test_async_saves_replace_the_top_checkpoint_only_once_the_new_one_is_whole(fsdp_run, tmp_path):
-    root = run_script(tmp_path / "async", "--plugins", "async", "--checkpoint-every", "4")
+    root = run_script(tmp_path / "async", "--plugins", "async", "--checkpoint-every", "4", "--save-after-fit")
     checkpoint = only_checkpoint(root)
     assert checkpoint.name == f"epoch=0-step={STEPS}.ckpt"
     assert {".metadata", "plain_state.pt"} <= {path.name for path in checkpoint.iterdir()}
@@ -163,6 +163,9 @@ def test_async_saves_replace_the_top_checkpoint_only_once_the_new_one_is_whole(f
     saved = read_full_checkpoint(checkpoint, TorchCheckpointIO())
     assert_identical(saved["module"], live_weights(fsdp_run))
     assert saved["loops"]["fit"]["global_step"] == STEPS
+    # Saved after fit returned, in the background, and finished before the ranks parted again.
+    assert not list(root.glob("after_fit_rank*.error"))
+    assert_identical(read_full_checkpoint(root / "after_fit.ckpt", TorchCheckpointIO())["module"], saved["module"])
 
 
 def test_a_checkpoint_saved_at_train_end_gives_the_same_loss_under_single_device(fsdp_run):
