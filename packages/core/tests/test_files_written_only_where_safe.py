@@ -53,9 +53,10 @@ def source(tmp_path):
     return directory
 
 
+@pytest.mark.parametrize("form", ["torch", "safetensors"])
 @pytest.mark.parametrize("inside", [".metadata", "new.pt", "sub/../new.pt"])
-def test_consolidate_refuses_a_destination_inside_the_checkpoint_it_reads(source, capsys, inside):
-    assert main(["consolidate", str(source), f"{source}/{inside}", "--overwrite"]) == 2
+def test_consolidate_refuses_a_destination_inside_the_checkpoint_it_reads(source, capsys, inside, form):
+    assert main(["consolidate", str(source), f"{source}/{inside}", "--overwrite", "--format", form]) == 2
     assert "is inside SRC=" in capsys.readouterr().err
     assert sorted(path.name for path in source.iterdir()) == [".metadata"]
     assert (source / ".metadata").read_bytes() == b"the checkpoint's metadata"

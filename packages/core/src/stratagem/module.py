@@ -126,6 +126,22 @@ class Module(nn.Module):
         in a process (fit, then test): create layers only if they do not exist yet.
         """
 
+    def load_pretrained(self, directory: str | Path, into: nn.Module | None = None) -> None:
+        """Load Hugging Face safetensors weights (a directory ``from_pretrained`` reads) into ``into`` (default:
+        this module), whose state-dict names are those of the files, once the strategy has set the module up.
+
+        Call it where the model is built (``configure_model``, or ``__init__``): under a strategy that
+        builds on the meta device (``fsdp``) or partitioned (``deepspeed_stage_3``) each process reads
+        only the parts of each tensor it holds, so the whole model is never in one process; elsewhere it
+        is a plain load. Every weight of ``into`` must be in the files (tied weights once), at its shape.
+        A checkpoint the run resumes from (``ckpt_path``) is loaded after, and wins.
+        """
+        from stratagem.checkpoint_io.safetensors_import import PretrainedRequest, SafetensorsWeights
+
+        SafetensorsWeights(directory).close()  # a wrong directory is named here, not after the model is set up
+        requests = self.__dict__.setdefault("_pretrained_requests", [])
+        requests.append(PretrainedRequest(Path(directory), self if into is None else into))
+
     def configure_optimizers(self) -> Any:
         """Return the optimizer(s) and learning-rate scheduler(s) for :meth:`Trainer.fit`.
 

@@ -98,6 +98,8 @@ def load_module(
     module = _construct(module_class, arguments, checkpoint_path, HYPER_PARAMETERS_KEY in checkpoint)
     module.configure_model()
     module.load_state_dict(checkpoint.pop("module"), strict=strict)
+    # The checkpoint's weights are the module's now: a later run must not load what configure_model asked for.
+    module.__dict__.pop("_pretrained_requests", None)
     module.on_load_checkpoint(checkpoint)
     if map_location is not None:
         module.to(torch.device(map_location))

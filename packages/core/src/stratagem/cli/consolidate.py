@@ -1,4 +1,5 @@
-"""``stratagem consolidate SRC DST``: any checkpoint (a directory of shards, say) as one plain ``torch.save`` file."""
+"""``stratagem consolidate SRC DST``: any checkpoint (a directory of shards, say) as one plain ``torch.save`` file,
+or with ``--format safetensors`` its weights as a Hugging Face model directory."""
 
 from __future__ import annotations
 
@@ -29,9 +30,33 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_false",
         help="allow arbitrary pickled objects in SRC (only for checkpoints you trust)",
     )
+    parser.add_argument(
+        "--format",
+        choices=("torch", "safetensors"),
+        default="torch",
+        help="torch: DST is one torch.save file of the whole checkpoint; safetensors: DST is a directory of the "
+        "module weights that transformers' from_pretrained reads (other files there, such as config.json, are kept)",
+    )
+    parser.add_argument(
+        "--max-shard-size",
+        default="5GB",
+        help="with --format safetensors: the largest file before the weights are split over several with an "
+        "index (default: 5GB)",
+    )
+    parser.add_argument(
+        "--prefix",
+        default=None,
+        help="with --format safetensors: what to strip from the module's keys to get the Hugging Face model's "
+        "(e.g. 'model.' for a Module holding it as self.model; only keys with it are written); default: the "
+        "Module's one attribute when all weights sit under it; '' keeps keys whole",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.format == "safetensors":
+        from stratagem.cli import consolidate_safetensors
+
+        return consolidate_safetensors.run(args)
     source, destination = Path(args.source), Path(args.destination)
     check_destination(source, destination, overwrite=args.overwrite)
     io = TorchCheckpointIO()
@@ -62,17 +87,8 @@ def check_destination(source: Path, destination: Path, overwrite: bool) -> None:
     """Refuse a ``destination`` whose writing could destroy something: one inside ``source`` (the checkpoint
     being read), one that is not a regular file (a device, a pipe, a link, a directory), or, without
     ``overwrite``, one that exists."""
-    if not source.exists():
-        raise ValueError(f"SRC={printable(repr(str(source)))} does not exist; give a checkpoint directory or file.")
+    check_outside_source(source, destination)
     shown = f"DST={printable(repr(str(destination)))}"
-    resolved_source, resolved_destination = source.resolve(), destination.resolve()
-    if resolved_destination == resolved_source:
-        raise ValueError("DST is SRC; write the consolidated checkpoint to another path.")
-    if resolved_source in resolved_destination.parents:
-        raise ValueError(
-            f"{shown} is inside SRC={printable(repr(str(source)))}, the checkpoint being read; writing there would "
-            "change or destroy it. Write the consolidated checkpoint outside SRC."
-        )
     try:
         mode = destination.lstat().st_mode
     except FileNotFoundError:
@@ -84,6 +100,20 @@ def check_destination(source: Path, destination: Path, overwrite: bool) -> None:
         )
     if not overwrite:
         raise ValueError(f"{shown} exists; pass --overwrite to replace it.")
+
+
+def check_outside_source(source: Path, destination: Path) -> None:
+    """Refuse a ``source`` that does not exist, and a ``destination`` that is ``source`` or lies inside it."""
+    if not source.exists():
+        raise ValueError(f"SRC={printable(repr(str(source)))} does not exist; give a checkpoint directory or file.")
+    resolved_source, resolved_destination = source.resolve(), destination.resolve()
+    if resolved_destination == resolved_source:
+        raise ValueError("DST is SRC; write the consolidated checkpoint to another path.")
+    if resolved_source in resolved_destination.parents:
+        raise ValueError(
+            f"DST={printable(repr(str(destination)))} is inside SRC={printable(repr(str(source)))}, the checkpoint "
+            "being read; writing there would change or destroy it. Write outside SRC."
+        )
 
 
 def _kind(mode: int) -> str:

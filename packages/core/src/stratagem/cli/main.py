@@ -33,7 +33,9 @@ SUBCOMMANDS: dict[str, Subcommand] = {
     "plan": Subcommand(
         "stratagem.cli.plan", "estimate memory per rank of training a module under every strategy; say what fits"
     ),
-    "consolidate": Subcommand("stratagem.cli.consolidate", "merge a sharded checkpoint into one file"),
+    "consolidate": Subcommand(
+        "stratagem.cli.consolidate", "merge a sharded checkpoint into one file, or its weights into HF safetensors"
+    ),
 }
 """Every subcommand: its module (imported only when it runs) and its one-line help."""
 
