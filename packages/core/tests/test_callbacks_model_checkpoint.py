@@ -4,6 +4,7 @@ import shutil
 import subprocess
 import sys
 import time
+import warnings
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
@@ -125,13 +126,20 @@ def _concurrent_fit(root, steps, ready):
     return trainer.checkpoint_callback.best_model_path, steps
 
 
-def test_concurrent_runs_in_the_same_root_keep_every_runs_checkpoints(tmp_path):
+@pytest.fixture(scope="module")
+def spawned_runs():
+    """Three spawned processes (and a manager for events) that the concurrency tests share."""
     context = multiprocessing.get_context("spawn")
     with context.Manager() as manager, ProcessPoolExecutor(3, mp_context=context) as pool:
-        ready = manager.Event()
-        futures = [pool.submit(_concurrent_fit, tmp_path, steps, ready) for steps in (2, 3, 4)]
-        ready.set()
-        results = [future.result(timeout=120) for future in futures]
+        yield manager, pool
+
+
+def test_concurrent_runs_in_the_same_root_keep_every_runs_checkpoints(tmp_path, spawned_runs):
+    manager, pool = spawned_runs
+    ready = manager.Event()
+    futures = [pool.submit(_concurrent_fit, tmp_path, steps, ready) for steps in (2, 3, 4)]
+    ready.set()
+    results = [future.result(timeout=120) for future in futures]
     paths = [Path(path) for path, _ in results]
     assert len({path.parent for path in paths}) == 3
     assert sorted(path.parent.name for path in paths) == ["version_0", "version_1", "version_2"]
@@ -327,9 +335,94 @@ def test_saving_last_over_a_link_replaces_the_link_and_leaves_the_checkpoint_it_
     _fit(tmp_path, first, strategy=_DirectoryStrategy(), max_steps=2)
     [linked] = [path for path in checkpoints.iterdir() if path.name != "last.ckpt"]
     second = ModelCheckpoint(dirpath=checkpoints, save_last=True, every_n_train_steps=2, save_top_k=0)
-    _fit(tmp_path, second, strategy=_DirectoryStrategy(), max_steps=4)
+    # Resumed, the run carries on the first one's last (another run would take a name of its own).
+    _fit(tmp_path, second, strategy=_DirectoryStrategy(), max_steps=4, ckpt_path="last")
     last = checkpoints / "last.ckpt"
     assert not last.is_symlink()
     assert torch.load(last / "loops.pt", weights_only=True)["fit"]["global_step"] == 4
     assert torch.load(linked / "loops.pt", weights_only=True)["fit"]["global_step"] == 2
     assert not [path for path in checkpoints.iterdir() if path.name.startswith(".")], "no temporary left"
+
+
+def _contents(directory: Path) -> dict[str, bytes]:
+    return {path.name: path.read_bytes() for path in directory.iterdir()}
+
+
+def test_a_second_run_given_the_same_dirpath_takes_new_names_and_leaves_the_first_runs_files(tmp_path):
+    dirpath = tmp_path / "shared"
+    _fit(tmp_path, ModelCheckpoint(dirpath=dirpath, every_n_train_steps=2, save_top_k=-1, save_last=True), max_steps=4)
+    first = _contents(dirpath)
+    assert sorted(first) == ["epoch=0-step=2.ckpt", "epoch=0-step=4.ckpt", "last.ckpt"]
+    second = ModelCheckpoint(dirpath=dirpath, every_n_train_steps=2, save_top_k=-1, save_last=True)
+    with pytest.warns(UserWarning, match=r"already holds last\.ckpt, which another run wrote.*as last-v1\.ckpt"):
+        _fit(tmp_path, second, module=ClassifierModule(lr=0.5), max_steps=4)
+    assert {name: content for name, content in _contents(dirpath).items() if name in first} == first
+    assert _names(dirpath) == sorted([*first, "epoch=0-step=2-v1.ckpt", "epoch=0-step=4-v1.ckpt", "last-v1.ckpt"])
+    assert second.best_model_path == str(dirpath / "epoch=0-step=4-v1.ckpt")
+    assert second.last_model_path == str(dirpath / "last-v1.ckpt")
+    assert not [name for name in _names(dirpath) if name.startswith(".")], "no claim marker left"
+
+
+def test_a_run_resumed_into_its_own_dirpath_carries_on_its_last_and_its_names(tmp_path, recwarn):
+    dirpath = tmp_path / "own"
+    _fit(tmp_path, ModelCheckpoint(dirpath=dirpath, every_n_train_steps=2, save_top_k=-1, save_last=True), max_steps=2)
+    resumed = ModelCheckpoint(dirpath=dirpath, every_n_train_steps=2, save_top_k=-1, save_last=True)
+    _fit(tmp_path, resumed, max_steps=4, ckpt_path="last")
+    assert _names(dirpath) == ["epoch=0-step=2.ckpt", "epoch=0-step=4.ckpt", "last.ckpt"]
+    assert torch.load(dirpath / "last.ckpt", weights_only=True)["loops"]["fit"]["global_step"] == 4
+    assert not [warning for warning in recwarn if "already holds" in str(warning.message)]
+
+
+def test_a_last_path_named_by_a_checkpoint_outside_its_dirpath_is_never_written(tmp_path):
+    dirpath = tmp_path / "own"
+    _fit(tmp_path, ModelCheckpoint(dirpath=dirpath, every_n_train_steps=2, save_last=True), max_steps=2)
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep me")
+    checkpoint = torch.load(dirpath / "last.ckpt", weights_only=True)
+    (state,) = checkpoint["callbacks"].values()
+    state["last_model_path"] = str(victim)
+    torch.save(checkpoint, dirpath / "last.ckpt")
+    resumed = ModelCheckpoint(dirpath=dirpath, every_n_train_steps=2, save_last=True)
+    with pytest.warns(UserWarning, match="already holds last.ckpt"):
+        _fit(tmp_path, resumed, max_steps=4, ckpt_path=dirpath / "last.ckpt")
+    assert victim.read_text() == "keep me"
+    assert resumed.last_model_path == str(dirpath / "last-v1.ckpt")
+
+
+def test_a_name_is_claimed_by_one_writer_only_until_its_checkpoint_is_in_place(tmp_path):
+    target = tmp_path / "epoch=0-step=2.ckpt"
+    assert atomic.claim_name(target)
+    assert not atomic.claim_name(target), "reserved by a writer in progress"
+    target.write_bytes(b"written")
+    atomic.release_name(target)
+    assert not atomic.claim_name(target), "held by a checkpoint"
+    other = tmp_path / "other.ckpt"
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    (tmp_path / ".other.ckpt.claim").write_text(f"{atomic._host_tag()}-{dead.stdout.strip()}")
+    assert atomic.claim_name(other), "a crashed writer's reservation is taken over"
+    (tmp_path / ".epoch=0-step=2.ckpt.claim").write_text(f"{atomic._host_tag()}-{os.getpid()}")
+    assert atomic.remove_stale_temporaries(tmp_path) == [tmp_path / ".epoch=0-step=2.ckpt.claim"]
+    assert _names(tmp_path) == [".other.ckpt.claim", "epoch=0-step=2.ckpt"], "a live writer's reservation stays"
+
+
+def _concurrent_fit_into(root, dirpath, lr, ready):
+    ready.wait(timeout=60)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # the run that takes the -v1 name says so
+        trainer = _fit(
+            root, ModelCheckpoint(dirpath=dirpath, every_n_train_steps=2), ClassifierModule(lr=lr), max_steps=2
+        )
+    return trainer.checkpoint_callback.best_model_path, trainer.model.layers[0].weight.detach().clone()
+
+
+def test_concurrent_runs_given_the_same_dirpath_each_keep_their_own_checkpoint(tmp_path, spawned_runs):
+    manager, pool = spawned_runs
+    ready = manager.Event()
+    shared = tmp_path / "shared"
+    futures = [pool.submit(_concurrent_fit_into, tmp_path / str(lr), shared, lr, ready) for lr in (0.1, 0.5)]
+    ready.set()
+    results = [future.result(timeout=120) for future in futures]
+    assert sorted(Path(path).name for path, _ in results) == ["epoch=0-step=2-v1.ckpt", "epoch=0-step=2.ckpt"]
+    for path, weight in results:
+        assert torch.equal(torch.load(path, weights_only=True)["module"]["layers.0.weight"], weight)
+    assert _names(tmp_path / "shared") == ["epoch=0-step=2-v1.ckpt", "epoch=0-step=2.ckpt"]

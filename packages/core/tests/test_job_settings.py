@@ -228,6 +228,13 @@ BAD_SETTINGS = {
         1,
         r"STRATAGEM_JOIN_TIMEOUT='0' is not valid; expected a pos",
     ),
+    "join timeout beyond a timedelta": (
+        {},
+        {"STRATAGEM_JOIN_TIMEOUT": "1e14"},
+        2,
+        1,
+        r"STRATAGEM_JOIN_TIMEOUT='1e14' is not valid; expected a positive number of seconds up to 2592000",
+    ),
 }
 
 

@@ -233,7 +233,10 @@ def test_plan_command_prints_every_strategy_and_the_choice(tmp_path, capsys):
         (["plan", "missing_file.py:Net"], "does not exist"),
         (["plan", "torch.nn:Nope"], "no nn.Module class named 'Nope'"),
         (["plan", "torch.nn:Linear", "--init-args", "[1]"], "expected a JSON object"),
+        (["plan", "torch.nn:Linear", "--init-args", '{"in_features": 1e400}'], "1e400 is beyond what a float holds"),
+        (["plan", "torch.nn:Linear", "--init-args", '{"a": ' + "[" * 10_000 + "]" * 10_000 + "}"], "nested too deeply"),
     ],
+    ids=["no colon", "missing file", "no class", "not an object", "overflowing number", "nested 10000 deep"],
 )
 def test_plan_command_names_a_bad_argument(capsys, argv, message):
     assert main(argv) == 2
@@ -258,3 +261,53 @@ def test_plan_counts_what_each_process_holds_before_the_model_against_the_memory
     loaded = Resources(host_memory_bytes=room, device_memory_bytes=None, disk_bytes=GIB, process_bytes=need)
     assert plan(Blocks(), ["single_device"], accelerator="cpu", devices=1, resources=bare).chosen is not None
     assert plan(Blocks(), ["single_device"], accelerator="cpu", devices=1, resources=loaded).chosen is None
+
+
+def test_plan_output_keeps_to_100_columns_with_one_line_per_reason_a_strategy_is_unusable():
+    from stratagem.cli.plan import WIDTH, render
+    from stratagem.planning.planner import Candidate, Plan
+
+    def missing(name):
+        return Candidate(
+            name,
+            problem=f"not usable here: The strategy {name!r} (from stratagem-hpu) needs the module "
+            "habana_frameworks, which is not installed: install Intel Gaudi's software stack.",
+        )
+
+    estimate = MemoryEstimate(device_bytes=GIB, host_bytes=0, disk_bytes=0, relative_step_time=1.0)
+    hpu = [f"hpu_deepspeed_stage_{stage}_offload_with_a_long_name" for stage in range(1, 4)]
+    result = Plan(
+        footprint=model_footprint(Blocks())[0],
+        resources=PLENTY,
+        candidates=[
+            Candidate("ddp", estimate=estimate),
+            *map(missing, hpu),
+            Candidate("dp", problem="not usable here: strategy='dp' needs CUDA GPUs, but accelerator='cpu'."),
+        ],
+        notes=["x" * 300],
+    )
+    lines = render(result).splitlines()
+    assert max(map(len, lines)) <= WIDTH
+    text = " ".join(line.strip() for line in lines)
+    assert text.count("needs the module habana_frameworks") == 1
+    assert f"{', '.join(hpu)}: The strategy <name> (from stratagem-hpu)" in text
+    assert "- dp: strategy='dp' needs CUDA GPUs" in text
+    assert "not usable here (4):" in text
+    assert any(line.startswith("ddp ") and line.endswith("yes") for line in lines)
+
+
+def test_plan_command_json_keeps_every_detail(tmp_path, capsys):
+    import json
+
+    source = tmp_path / "model.py"
+    source.write_text(
+        "from torch import nn\nclass Net(nn.Linear):\n    def __init__(self):\n        super().__init__(4, 4)\n"
+    )
+    assert main(["plan", f"{source}:Net", "--accelerator", "cpu", "--devices", "1", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["footprint"]["parameters"] == 20
+    assert result["chosen"] == "single_device"
+    [single] = [candidate for candidate in result["candidates"] if candidate["name"] == "single_device"]
+    assert single["fits"]
+    assert single["estimate"]["relative_step_time"] == 1.0
+    assert all(candidate["fits"] or candidate["problem"] for candidate in result["candidates"])

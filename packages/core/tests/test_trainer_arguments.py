@@ -26,6 +26,8 @@ from stratagem.loggers import CSVLogger
         ("num_sanity_val_steps", -2, ValueError, r"num_sanity_val_steps=-2"),
         ("accumulate_grad_batches", 0, ValueError, r"accumulate_grad_batches=0 .* positive int"),
         ("gradient_clip_val", -1.0, ValueError, r"gradient_clip_val=-1.0"),
+        ("gradient_clip_val", float("nan"), ValueError, r"gradient_clip_val=nan .* finite number >= 0"),
+        ("gradient_clip_val", float("inf"), ValueError, r"gradient_clip_val=inf .* finite number >= 0"),
         ("gradient_clip_val", "1", TypeError, r"gradient_clip_val='1'"),
         ("gradient_clip_algorithm", "l2", ValueError, r"gradient_clip_algorithm='l2' .* 'norm' or 'value'"),
         ("default_root_dir", 3, TypeError, r"default_root_dir=3"),

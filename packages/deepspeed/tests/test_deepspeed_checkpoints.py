@@ -23,6 +23,7 @@ from deepspeed_testing import (
 import stratagem
 from stratagem.checkpoint_io import CheckpointError, TorchCheckpointIO, read_full_checkpoint
 from stratagem_deepspeed import DeepSpeedCheckpointIO, convert_zero_checkpoint_to_fp32_state_dict
+from stratagem_deepspeed.checkpoint_layout import read_tag
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(600)]
 
@@ -321,6 +322,15 @@ def test_a_latest_file_naming_a_directory_outside_the_checkpoint_is_refused(save
     (path / "latest").write_text(tag)
     with pytest.raises(CheckpointError, match="not a tag directory inside the checkpoint"):
         read_full_checkpoint(path, TorchCheckpointIO())
+
+
+@pytest.mark.parametrize("tag", ["\x1b[2J" + "x" * 100_000, "global_step1\x1b]0;owned\x07", b"\xff\xfe"])
+def test_a_latest_file_naming_no_possible_tag_is_refused_with_what_it_holds_escaped_and_cut(tmp_path, tag):
+    (tmp_path / "latest").write_bytes(tag if isinstance(tag, bytes) else tag.encode())
+    with pytest.raises(CheckpointError, match="not a tag directory inside the checkpoint") as raised:
+        read_tag(tmp_path)
+    assert len(str(raised.value)) < 1000
+    assert "\x1b" not in str(raised.value)
 
 
 def test_a_truncated_shard_is_one_checkpoint_error(saved, tmp_path):

@@ -188,6 +188,34 @@ def test_clipping_comes_from_either_place_and_two_different_values_are_an_error(
         resolve("deepspeed", settings=LoopSettings(gradient_clip_val=1.0, gradient_clip_algorithm="value"))
 
 
+@pytest.mark.parametrize("value", [float("nan"), -1.0, "abc", True])
+def test_a_clipping_value_deepspeed_would_never_clip_with_is_refused_naming_it(value):
+    with pytest.raises(ValueError, match=r"gradient_clipping"):
+        resolve(DeepSpeedStrategy(config={"gradient_clipping": value}), settings=LoopSettings())
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('{"gradient_clipping": NaN}', "NaN is not a number"),
+        ('{"gradient_clipping": 1e400}', "the number 1e400 is beyond what a float holds"),
+        ('{"zero_optimization": {"stage": -Infinity}}', "-Infinity is not a number"),
+        ('{"a": ' + "[" * 10_000 + "]" * 10_000 + "}", "the JSON is nested too deeply"),
+    ],
+    ids=["nan", "overflow", "infinity", "nested 10000 deep"],
+)
+def test_a_json_config_with_a_number_beyond_a_float_or_nested_too_deep_names_the_file(tmp_path, text, message):
+    path = tmp_path / "ds.json"
+    path.write_text(text)
+    with pytest.raises(ValueError, match=rf"config='.*ds\.json'\): {message}"):
+        DeepSpeedStrategy(config=str(path))
+
+
+def test_a_config_dict_with_infinity_names_the_key():
+    with pytest.raises(ValueError, match=r"config=\.\.\.\): zero_optimization.reduce_bucket_size is inf"):
+        DeepSpeedStrategy(config={"zero_optimization": {"reduce_bucket_size": float("inf")}})
+
+
 def test_batch_sizes_in_the_config_must_multiply_out():
     strategy = resolve(DeepSpeedStrategy(config={"train_micro_batch_size_per_gpu": 8}))
     assert strategy.config["train_batch_size"] == 16

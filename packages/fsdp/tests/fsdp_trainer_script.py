@@ -19,6 +19,7 @@ import torch
 
 from stratagem import Trainer
 from stratagem.callbacks.callback import Callback
+from stratagem.callbacks.model_checkpoint import ModelCheckpoint
 from stratagem.demo import DemoModule, demo_dataloaders
 from stratagem_fsdp import FSDPStrategy
 
@@ -81,6 +82,8 @@ def main() -> None:
     parser.add_argument("--ckpt-path", default=None)
     parser.add_argument("--save-at-train-end", action="store_true")
     parser.add_argument("--save-after-fit", action="store_true")
+    parser.add_argument("--plugins", default=None, help="the Trainer's plugins= (a checkpoint IO name)")
+    parser.add_argument("--checkpoint-every", type=int, default=None, help="keep the latest of a save every N steps")
     args = parser.parse_args()
     args.root.mkdir(parents=True, exist_ok=True)
 
@@ -92,8 +95,11 @@ def main() -> None:
         callbacks.append(StopAfter(args.stop_after))
     if args.save_at_train_end:
         callbacks.append(SaveAtTrainEnd(args.root / "train_end.ckpt"))
+    if args.checkpoint_every is not None:
+        callbacks.append(ModelCheckpoint(every_n_train_steps=args.checkpoint_every, save_top_k=1))
     trainer = Trainer(
         strategy=strategy,
+        plugins=args.plugins,
         accelerator="cpu",
         devices=args.devices,
         max_steps=args.max_steps,

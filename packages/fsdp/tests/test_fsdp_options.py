@@ -13,9 +13,11 @@ from torch.distributed.fsdp.wrap import ModuleWrapPolicy, size_based_auto_wrap_p
 
 import stratagem
 from stratagem import registry
+from stratagem.checkpoint_io import TorchCheckpointIO
+from stratagem.checkpoint_io.async_io import AsyncCheckpointIO
 from stratagem.precision import MixedPrecision, Precision
 from stratagem.strategies import BackwardSyncControl
-from stratagem_fsdp import FSDPStrategy
+from stratagem_fsdp import AsyncDistributedCheckpointIO, FSDPStrategy
 from stratagem_fsdp.optimizer_state import to_index_keyed, to_name_keyed
 from stratagem_fsdp.options import ModuleSelector, ShardingLayout, mixed_precision_policy, sharding_layout
 from stratagem_fsdp.wrapping import selected_units
@@ -36,6 +38,11 @@ def test_strategy_names_and_their_defaults_are_registered():
 
 def test_the_checkpoint_reader_is_registered_for_read_full_checkpoint():
     assert registry.checkpoint_io.get("distributed_checkpoint").distribution == "stratagem-fsdp"
+    assert registry.checkpoint_io.get("async_distributed_checkpoint").distribution == "stratagem-fsdp"
+
+
+class _OwnFileIO(TorchCheckpointIO):
+    """A user's own one-file IO: in the background, still written by rank 0 alone."""
 
 
 def test_registering_imports_neither_torch_nor_the_strategy():
@@ -106,13 +113,19 @@ def test_a_full_state_dict_with_the_sharded_checkpoint_io_plugin_is_refused_at_r
         )
 
 
-@pytest.mark.parametrize("plugins", ["async", "torch"])
+@pytest.mark.parametrize("plugins", ["torch", AsyncCheckpointIO(_OwnFileIO())], ids=["torch", "async_of_own_io"])
 def test_a_checkpoint_io_called_by_rank_0_alone_is_refused_for_sharded_checkpoints_at_construction(plugins):
     refusal = (
         r"FSDPStrategy\(.*state_dict_type='sharded'.*\) cannot save through the checkpoint IO \w+: .* rank 0 alone"
     )
     with pytest.raises(ValueError, match=refusal):
         stratagem.Trainer(strategy="fsdp", accelerator="cpu", devices=2, plugins=plugins)
+
+
+def test_plugins_async_saves_sharded_checkpoints_through_dcps_async_save():
+    strategy = stratagem.resolve(strategy="fsdp", accelerator="cpu", devices=2, plugins="async")
+    assert isinstance(strategy.checkpoint_io, AsyncDistributedCheckpointIO)
+    assert strategy.checkpoint_io.writes_collectively
 
 
 def test_sharded_checkpoints_go_through_the_collective_io_and_full_ones_through_a_rank_0_io():

@@ -12,8 +12,10 @@ from pathlib import Path
 import pytest
 import torch
 from fsdp_trainer_script import HIDDEN
+from torch.utils._pytree import tree_flatten
 
 from stratagem import Trainer
+from stratagem.checkpoint_io import TorchCheckpointIO, read_full_checkpoint
 from stratagem.demo import DemoModule, demo_dataloaders
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(240)]
@@ -55,7 +57,7 @@ def assert_identical(weights: dict[str, torch.Tensor], expected: dict[str, torch
 @pytest.fixture(scope="module")
 def fsdp_run(tmp_path_factory) -> Path:
     """A fit of 12 steps on 2 processes with fsdp: its sharded checkpoint and live weights, a checkpoint saved
-    from on_train_end, and what trainer.save_checkpoint raised once fit had returned."""
+    from on_train_end, and one saved by trainer.save_checkpoint once fit had returned."""
     return run_script(
         tmp_path_factory.mktemp("fsdp") / "run", "--max-steps", str(STEPS), "--save-at-train-end", "--save-after-fit"
     )
@@ -129,13 +131,41 @@ def test_the_fsdp_checkpoint_evaluates_under_single_device_with_identical_weight
     assert set(metrics) == {"val_loss", "val_acc"}
 
 
-def test_save_checkpoint_after_fit_returned_is_refused_on_every_rank_before_writing_anything(fsdp_run):
-    for rank in (0, 1):
-        error = (fsdp_run / f"after_fit_rank{rank}.error").read_text()
-        assert "FSDPStrategy cannot save_checkpoint" in error
-        assert "sharded over the run's processes" in error
-        assert "on_train_end" in error
-    assert not [path for path in fsdp_run.iterdir() if "after_fit.ckpt" in path.name]
+def test_save_checkpoint_after_fit_returned_writes_what_on_train_end_saved(fsdp_run):
+    assert not list(fsdp_run.glob("after_fit_rank*.error"))
+    after_fit = read_full_checkpoint(fsdp_run / "after_fit.ckpt", TorchCheckpointIO())
+    train_end = read_full_checkpoint(fsdp_run / "train_end.ckpt", TorchCheckpointIO())
+    for entry in ("module", "optimizers", "loops", "lr_schedulers"):
+        actual, actual_layout = tree_flatten(after_fit[entry])
+        expected, expected_layout = tree_flatten(train_end[entry])
+        assert actual_layout == expected_layout, entry
+        for value, other in zip(actual, expected, strict=True):
+            assert torch.equal(value, other) if isinstance(value, torch.Tensor) else value == other, entry
+
+
+def test_a_checkpoint_saved_after_fit_gives_the_same_loss_under_single_device(fsdp_run):
+    _, val_loader = demo_dataloaders(batch_size=16, num_samples=512)
+    [expected] = _single_device_trainer().validate(
+        DemoModule(hidden=HIDDEN), val_loader, ckpt_path=fsdp_run / "train_end.ckpt"
+    )
+    module = DemoModule(hidden=HIDDEN)
+    [metrics] = _single_device_trainer().validate(module, val_loader, ckpt_path=fsdp_run / "after_fit.ckpt")
+    assert_identical(module.state_dict(), live_weights(fsdp_run))
+    assert metrics["val_loss"] == expected["val_loss"]
+
+
+def test_async_saves_replace_the_top_checkpoint_only_once_the_new_one_is_whole(fsdp_run, tmp_path):
+    root = run_script(tmp_path / "async", "--plugins", "async", "--checkpoint-every", "4", "--save-after-fit")
+    checkpoint = only_checkpoint(root)
+    assert checkpoint.name == f"epoch=0-step={STEPS}.ckpt"
+    assert {".metadata", "plain_state.pt"} <= {path.name for path in checkpoint.iterdir()}
+    assert not [path for path in checkpoint.parent.iterdir() if path.name.startswith(".")]
+    saved = read_full_checkpoint(checkpoint, TorchCheckpointIO())
+    assert_identical(saved["module"], live_weights(fsdp_run))
+    assert saved["loops"]["fit"]["global_step"] == STEPS
+    # Saved after fit returned, in the background, and finished before the ranks parted again.
+    assert not list(root.glob("after_fit_rank*.error"))
+    assert_identical(read_full_checkpoint(root / "after_fit.ckpt", TorchCheckpointIO())["module"], saved["module"])
 
 
 def test_a_checkpoint_saved_at_train_end_gives_the_same_loss_under_single_device(fsdp_run):

@@ -86,8 +86,11 @@ class Module(nn.Module):
         """Record the arguments ``__init__`` received (call it there) in :attr:`hparams`; checkpoints
         the Trainer writes store them, so that :meth:`load_from_checkpoint` can rebuild the module.
 
-        ``names`` keeps only those arguments; ``ignore`` leaves some out (e.g. a module passed in,
-        which a weights-only load could not read back).
+        ``names`` keeps only those arguments; ``ignore`` leaves some out (e.g. a module passed in).
+        Values are kept as a weights-only load reads them back: a path becomes a string, a numpy
+        scalar a Python number; None, bool, int, float, complex, str, bytes, tensors, dtypes,
+        devices and lists, tuples, sets and dicts of them are kept as they are. Anything else (an
+        enum, a dataclass, a module, any other object) is a ``TypeError`` naming the argument.
         """
         frame = inspect.currentframe()
         caller = frame.f_back if frame is not None else None
@@ -122,6 +125,22 @@ class Module(nn.Module):
         Called in every worker before the strategy wraps the module, possibly more than once
         in a process (fit, then test): create layers only if they do not exist yet.
         """
+
+    def load_pretrained(self, directory: str | Path, into: nn.Module | None = None) -> None:
+        """Load Hugging Face safetensors weights (a directory ``from_pretrained`` reads) into ``into`` (default:
+        this module), whose state-dict names are those of the files, once the strategy has set the module up.
+
+        Call it where the model is built (``configure_model``, or ``__init__``): under a strategy that
+        builds on the meta device (``fsdp``) or partitioned (``deepspeed_stage_3``) each process reads
+        only the parts of each tensor it holds, so the whole model is never in one process; elsewhere it
+        is a plain load. Every weight of ``into`` must be in the files (tied weights once), at its shape.
+        A checkpoint the run resumes from (``ckpt_path``) is loaded after, and wins.
+        """
+        from stratagem.checkpoint_io.safetensors_import import PretrainedRequest, SafetensorsWeights
+
+        SafetensorsWeights(directory).close()  # a wrong directory is named here, not after the model is set up
+        requests = self.__dict__.setdefault("_pretrained_requests", [])
+        requests.append(PretrainedRequest(Path(directory), self if into is None else into))
 
     def configure_optimizers(self) -> Any:
         """Return the optimizer(s) and learning-rate scheduler(s) for :meth:`Trainer.fit`.

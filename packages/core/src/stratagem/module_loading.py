@@ -11,6 +11,9 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
+from stratagem.hyperparameter_values import stored_form
+from stratagem.printable import printable, shown_repr
+
 if TYPE_CHECKING:
     from stratagem.module import Module
 
@@ -21,7 +24,17 @@ ModuleT = TypeVar("ModuleT", bound="Module")
 
 
 class HyperParameters(dict[str, Any]):
-    """A dict whose entries are also attributes (``self.hparams.lr``), as Lightning's ``hparams``."""
+    """A dict whose entries are also attributes (``self.hparams.lr``), as Lightning's ``hparams``.
+
+    Every value is kept in the form a checkpoint stores it (:func:`stored_form`), also one set later.
+    """
+
+    def __setitem__(self, name: str, value: Any) -> None:
+        super().__setitem__(name, stored_form(name, value))
+
+    def update(self, *args: Any, **kwargs: Any) -> None:  # type: ignore[override]
+        # All converted before any is set: a refused argument leaves hparams as they were.
+        super().update({name: stored_form(name, value) for name, value in dict(*args, **kwargs).items()})
 
     def __getattr__(self, name: str) -> Any:
         try:
@@ -31,6 +44,12 @@ class HyperParameters(dict[str, Any]):
 
     def __setattr__(self, name: str, value: Any) -> None:
         self[name] = value
+
+
+def stored_hyperparameters(hparams: dict[str, Any]) -> dict[str, Any]:
+    """``hparams`` as a checkpoint stores them; ``TypeError`` naming an entry that cannot be stored (one
+    changed in place after it was set, such as a list appended to)."""
+    return {name: stored_form(name, value) for name, value in hparams.items()}
 
 
 def init_arguments(frame: FrameType, names: tuple[str, ...], ignore: str | Iterable[str] | None) -> dict[str, Any]:
@@ -77,14 +96,32 @@ def load_module(
             f"{str(checkpoint_path)!r} holds no module weights (no 'module' entry); it is not a checkpoint."
         )
     check_trainer_entries(checkpoint, str(checkpoint_path))
-    arguments = {**(checkpoint.get(HYPER_PARAMETERS_KEY) or {}), **overrides}
+    arguments = {**_saved_arguments(checkpoint, checkpoint_path), **overrides}
     module = _construct(module_class, arguments, checkpoint_path, HYPER_PARAMETERS_KEY in checkpoint)
     module.configure_model()
     module.load_state_dict(checkpoint.pop("module"), strict=strict)
+    # The checkpoint's weights are the module's now: a later run must not load what configure_model asked for.
+    module.__dict__.pop("_pretrained_requests", None)
     module.on_load_checkpoint(checkpoint)
     if map_location is not None:
         module.to(torch.device(map_location))
     return module.eval()
+
+
+def _saved_arguments(checkpoint: dict[str, Any], path: str | Path) -> dict[str, Any]:
+    saved = checkpoint.get(HYPER_PARAMETERS_KEY)
+    if saved is None:
+        return {}
+    if not isinstance(saved, dict) or not all(isinstance(name, str) for name in saved):
+        from stratagem.checkpoint_io import CheckpointError
+
+        raise CheckpointError(
+            f"{printable(repr(str(path)))}: its {HYPER_PARAMETERS_KEY!r} entry is {shown_repr(saved, 80)} (a "
+            f"{type(saved).__name__}), not a dict of __init__ argument names; the checkpoint was not written by "
+            "save_hyperparameters(). Pass the arguments as keyword arguments to load_from_checkpoint and fix or "
+            f"remove that entry."
+        )
+    return saved
 
 
 def _construct(module_class: type[ModuleT], arguments: dict[str, Any], path: str | Path, saved: bool) -> ModuleT:
@@ -98,7 +135,7 @@ def _construct(module_class: type[ModuleT], arguments: dict[str, Any], path: str
             else "pass the missing or changed ones as keyword arguments to load_from_checkpoint"
         )
         raise TypeError(
-            f"{module_class.__name__}.load_from_checkpoint({str(path)!r}) cannot call {module_class.__name__}"
-            f"(**{arguments!r}): {error}; {hint}."
+            f"{module_class.__name__}.load_from_checkpoint({printable(repr(str(path)))}) cannot call "
+            f"{module_class.__name__}(**{shown_repr(arguments)}): {printable(error)}; {hint}."
         ) from None
     return module_class(**arguments)

@@ -24,9 +24,12 @@ from typing import Any
 import torch
 
 from stratagem.checkpoint_io import CheckpointError, optional_checkpoint_file
+from stratagem.printable import shown_repr
 
 STATE_FILE = "stratagem_state.pt"
 LATEST_FILE = "latest"
+_MAX_TAG_BYTES = 255
+"""The longest file name most file systems allow: DeepSpeed writes one tag name (``global_step10``) in ``latest``."""
 METADATA_KEY = "__stratagem_deepspeed__"
 """Key in :data:`STATE_FILE` under which the strategy records how the checkpoint was saved."""
 
@@ -44,12 +47,15 @@ def read_tag(directory: Path) -> str | None:
     latest = optional_checkpoint_file(directory, LATEST_FILE)
     if latest is None:
         return None
-    tag = latest.read_text().strip()
-    if tag in ("", ".", "..") or Path(tag).name != tag:
+    with latest.open("rb") as file:
+        raw = file.read(_MAX_TAG_BYTES + 1)
+    tag = raw.decode("utf-8", errors="backslashreplace").strip()
+    name_like = len(raw) <= _MAX_TAG_BYTES and "\\" not in tag and tag.isprintable()
+    if not name_like or tag in ("", ".", "..") or Path(tag).name != tag:
         # DeepSpeed writes a plain directory name; anything else would lead the reader outside the checkpoint.
-        raise CheckpointError(f"{str(latest)!r} names {tag!r}, not a tag directory inside the checkpoint.")
+        raise CheckpointError(f"{str(latest)!r} names {shown_repr(tag)}, not a tag directory inside the checkpoint.")
     if not (directory / tag).is_dir():
-        raise CheckpointError(f"{str(latest)!r} names the tag {tag!r}, but {str(directory / tag)!r} is missing.")
+        raise CheckpointError(f"{str(latest)!r} names the tag {shown_repr(tag)}, but that directory is missing.")
     return tag
 
 

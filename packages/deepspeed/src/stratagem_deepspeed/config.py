@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import copy
 import difflib
-import json
+import math
 import os
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from stratagem.config_values import check_config_values, parse_json
+from stratagem.printable import shown_repr
 from stratagem.strategies import LoopSettings
 
 CONFIG_PATH_VARIABLE = "STRATAGEM_DEEPSPEED_CONFIG_PATH"
@@ -117,6 +119,7 @@ def load_config(config: Mapping[str, Any] | str | os.PathLike[str] | None) -> di
     if config is None:
         return _config_from_environment()
     if isinstance(config, Mapping):
+        check_config_values(dict(config), "DeepSpeedStrategy(config=...)")
         return copy.deepcopy(dict(config))
     if isinstance(config, str | os.PathLike):
         return _read_json(Path(config), f"DeepSpeedStrategy(config={str(config)!r})")
@@ -146,10 +149,7 @@ def _config_from_environment() -> dict[str, Any] | None:
 def _read_json(path: Path, origin: str) -> dict[str, Any]:
     if not path.is_file():
         raise ValueError(f"{origin} names no file; expected the path of a DeepSpeed JSON config.")
-    try:
-        loaded = json.loads(path.read_text())
-    except json.JSONDecodeError as error:
-        raise ValueError(f"{origin}: the file is not valid JSON ({error}).") from None
+    loaded = parse_json(path.read_text(), origin)
     if not isinstance(loaded, dict):
         raise ValueError(f"{origin}: the file holds a {type(loaded).__name__}; expected a JSON object.")
     return loaded
@@ -281,8 +281,7 @@ def _reconcile_clipping(
             f"gradient_clip_algorithm={gradient_clip_algorithm!r} is not supported by DeepSpeed, whose engine clips "
             "by global norm only. Use gradient_clip_algorithm='norm'."
         )
-    given = config.get("gradient_clipping")
-    given = None if given in (None, "auto") or float(given) == 0.0 else float(given)
+    given = _clipping(config.get("gradient_clipping"), source)
     if gradient_clip_val is None:
         # The Trainer asked for nothing: the config's clipping (if any) stands.
         config["gradient_clipping"] = given or 0.0
@@ -294,6 +293,23 @@ def _reconcile_clipping(
             "the Trainer."
         )
     config["gradient_clipping"] = float(gradient_clip_val)
+
+
+def _clipping(given: Any, source: str) -> float | None:
+    """The config's ``gradient_clipping`` as a norm, ``None`` for none; DeepSpeed clips only above 0, so a NaN or
+    negative value would silently never clip."""
+    if given is None or given == "auto":
+        return None
+    try:
+        value = math.nan if isinstance(given, bool) else float(given)
+    except (TypeError, ValueError):
+        value = math.nan
+    if not (math.isfinite(value) and value >= 0):
+        raise ValueError(
+            f"{source} sets gradient_clipping={shown_repr(given, 60)}; expected a finite number of at least 0 (0, "
+            "'auto' or no entry: no clipping). DeepSpeed would never clip with it."
+        )
+    return value or None
 
 
 def _reconcile_batch_size(

@@ -18,6 +18,7 @@ from torch import nn
 from torch.optim import Optimizer
 
 from stratagem.checkpoint_io import CheckpointIO, LazyCheckpoint, PathLike, move_into_place, temporary_sibling
+from stratagem.checkpoint_io.safetensors_import import SafetensorsWeights, copy_whole, load_pretrained_weights
 from stratagem.strategies import (
     LoopSettings,
     MemoryEstimate,
@@ -592,6 +593,21 @@ class DeepSpeedStrategy(ParallelStrategy, OwnsAccumulation):
                     )
         return remaining
 
+    def load_pretrained(self, target: nn.Module, weights: SafetensorsWeights) -> None:
+        # A partitioned (ZeRO-3) parameter is gathered alone, filled by rank 0 and partitioned again by DeepSpeed:
+        # one whole tensor at a time, never the whole model.
+        deepspeed = import_deepspeed()
+
+        def copy(name: str, tensor: torch.Tensor, weights: SafetensorsWeights) -> None:
+            if not hasattr(tensor, "ds_id"):
+                copy_whole(name, tensor, weights)
+                return
+            with deepspeed.zero.GatheredParameters([tensor], modifier_rank=0):
+                if self.is_global_zero:
+                    tensor.copy_(weights.read(name))
+
+        load_pretrained_weights(target, weights, copy, _whole_shape)
+
     def module_full_state_dict(self) -> dict[str, Any]:
         full = gather_module_state(self.module)
         return full if self.is_global_zero else {}
@@ -655,6 +671,10 @@ class DeepSpeedStrategy(ParallelStrategy, OwnsAccumulation):
             f"DeepSpeedStrategy(stage={self.options.stage if self._config is None else self.zero_stage}, "
             f"devices={self.num_processes}, num_nodes={self.num_nodes})"
         )
+
+
+def _whole_shape(tensor: torch.Tensor) -> tuple[int, ...]:
+    return tuple(getattr(tensor, "ds_shape", tensor.shape))
 
 
 def _is_optimizers(value: Any) -> bool:

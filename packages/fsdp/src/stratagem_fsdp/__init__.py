@@ -10,16 +10,18 @@ from typing import TYPE_CHECKING
 from stratagem.exports import lazy_exports
 
 if TYPE_CHECKING:
+    from stratagem_fsdp.async_checkpoint_io import AsyncDistributedCheckpointIO
     from stratagem_fsdp.checkpoint_io import DistributedCheckpointIO
     from stratagem_fsdp.strategy import FSDPStrategy
 
-__all__ = ["DistributedCheckpointIO", "FSDPStrategy", "__version__"]
+__all__ = ["AsyncDistributedCheckpointIO", "DistributedCheckpointIO", "FSDPStrategy", "__version__"]
 
 __getattr__, __dir__ = lazy_exports(
     __name__,
     {
         "FSDPStrategy": "stratagem_fsdp.strategy",
         "DistributedCheckpointIO": "stratagem_fsdp.checkpoint_io",
+        "AsyncDistributedCheckpointIO": "stratagem_fsdp.async_checkpoint_io",
     },
     "stratagem-fsdp",
 )

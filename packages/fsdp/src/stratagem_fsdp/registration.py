@@ -32,3 +32,9 @@ def register_checkpoint_io(registry: Registry) -> None:
         description="torch.distributed.checkpoint directories: each rank writes its shards; any strategy reads them.",
         requires=_REQUIRES,
     )
+    registry.register(
+        "async_distributed_checkpoint",
+        "stratagem_fsdp.async_checkpoint_io:AsyncDistributedCheckpointIO",
+        description="distributed_checkpoint written in the background (DCP's async_save); fsdp's plugins='async'.",
+        requires=_REQUIRES,
+    )

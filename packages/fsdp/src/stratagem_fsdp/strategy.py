@@ -23,10 +23,20 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy
 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 from torch.distributed.tensor import DTensor
+from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 from torch.optim import Optimizer
 from torch.utils._pytree import tree_map
 
-from stratagem.checkpoint_io import CheckpointError, CheckpointIO, LazyCheckpoint, PathLike, read_full_checkpoint
+from stratagem.checkpoint_io import (
+    CheckpointError,
+    CheckpointIO,
+    LazyCheckpoint,
+    PathLike,
+    TorchCheckpointIO,
+    read_full_checkpoint,
+)
+from stratagem.checkpoint_io.async_io import AsyncCheckpointIO
+from stratagem.checkpoint_io.safetensors_import import SafetensorsWeights, copy_whole, load_pretrained_weights
 from stratagem.strategies import (
     BackwardSyncControl,
     MemoryEstimate,
@@ -37,6 +47,7 @@ from stratagem.strategies import (
     releases_host_memory,
     split_parallel_options,
 )
+from stratagem_fsdp.async_checkpoint_io import AsyncDistributedCheckpointIO
 from stratagem_fsdp.checkpoint_io import DistributedCheckpointIO
 from stratagem_fsdp.materialize import has_meta_tensors, materialize
 from stratagem_fsdp.memory import RELEASING_STEP_TIME, fsdp_estimate
@@ -124,6 +135,9 @@ class FSDPStrategy(ParallelStrategy, BackwardSyncControl):
         self._weights_will_be_loaded = False
 
     def complete_configuration(self) -> None:
+        if self.state_dict_type == "sharded" and _is_plain_async(self._checkpoint_io):
+            # plugins="async" asks for saving in the background; sharded checkpoints do that through DCP.
+            self._checkpoint_io = AsyncDistributedCheckpointIO()
         self._layout = sharding_layout(
             self.sharding_strategy, self.num_processes * self.num_nodes, self.num_nodes, self._device_mesh_shape
         )
@@ -292,7 +306,13 @@ class FSDPStrategy(ParallelStrategy, BackwardSyncControl):
     # -- checkpoints ------------------------------------------------------------------------
 
     def save_checkpoint(self, path: PathLike, state: dict[str, Any]) -> None:
-        self._require_live_process_group(f"save_checkpoint({str(path)!r})")
+        with self._joined_process_group():
+            self._save_checkpoint(path, state)
+            if not self._in_run:
+                # Nothing will finish a background write once the ranks part again: finish it here.
+                self.checkpoint_io.teardown()
+
+    def _save_checkpoint(self, path: PathLike, state: dict[str, Any]) -> None:
         if self.state_dict_type == "sharded":
             sharded = {key: self._state_of_sharded(value) for key, value in state.items()}
             self.checkpoint_io.save_checkpoint(sharded, path)
@@ -347,6 +367,9 @@ class FSDPStrategy(ParallelStrategy, BackwardSyncControl):
         for key in unread:
             remaining.defer(key, functools.partial(_read_entry, path, self.checkpoint_io, weights_only, key))
         return remaining
+
+    def load_pretrained(self, target: nn.Module, weights: SafetensorsWeights) -> None:
+        load_pretrained_weights(target, weights, _copy_own_shard)
 
     def module_full_state_dict(self) -> dict[str, Any]:
         return _full_model_state(self.module)
@@ -471,6 +494,22 @@ def _holds_no_tensors(optimizer_state: Any) -> bool:
     found: list[torch.Tensor] = []
     tree_map(lambda item: found.append(item) if isinstance(item, torch.Tensor) else None, optimizer_state.get("state"))
     return not found
+
+
+def _copy_own_shard(name: str, tensor: torch.Tensor, weights: SafetensorsWeights) -> None:
+    """Fill this rank's shard of ``tensor`` with that slice of ``weights[name]``, reading nothing else."""
+    if not isinstance(tensor, DTensor):
+        copy_whole(name, tensor, weights)
+        return
+    shape, offset = compute_local_shape_and_global_offset(tensor.shape, tensor.device_mesh, tensor.placements)
+    local = tensor.to_local()
+    if local.numel():
+        local.copy_(weights.read(name, tuple(slice(start, start + size) for start, size in zip(offset, shape))))
+
+
+def _is_plain_async(checkpoint_io: CheckpointIO | None) -> bool:
+    """``plugins="async"`` as resolved: core's background writer around its default one-file IO."""
+    return isinstance(checkpoint_io, AsyncCheckpointIO) and type(checkpoint_io.checkpoint_io) is TorchCheckpointIO
 
 
 def _is_optimizer_list(value: Any) -> bool:

@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import re
 import uuid
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from stratagem.callbacks.callback import Callback, RunStage
-from stratagem.checkpoint_io.atomic import remove_stale_temporaries
+from stratagem.checkpoint_io.atomic import claim_name, release_name, remove_stale_temporaries
 from stratagem.loggers.logger import claim_next_version
 
 if TYPE_CHECKING:
@@ -24,6 +26,7 @@ LAST_NAME = "last"
 CHECKPOINTS_DIRECTORY = "checkpoints"
 """Under ``default_root_dir``: each fit saves into its own ``version_N`` inside."""
 _VERSION = re.compile(r"version_\d+")
+_LAST = re.compile(rf"{LAST_NAME}(?:-v\d+)?{re.escape(CHECKPOINT_SUFFIX)}")
 _PLACEHOLDER = re.compile(r"\{([^{}:]+)(?::([^{}]*))?\}")
 
 
@@ -38,6 +41,8 @@ class _SavePlan:
     forget: list[str] = field(default_factory=list)
     """Checkpoints out of the top k that another run wrote (a resumed run's): no longer ranked, kept on disk."""
     last: str | None = None
+    claimed: list[str] = field(default_factory=list)
+    """New names global zero reserved for this save (:func:`claim_name`): released once it is written."""
 
 
 class ModelCheckpoint(Callback):
@@ -58,8 +63,11 @@ class ModelCheckpoint(Callback):
     loggers' ``version_N`` takes the same number where it is free). Saving happens on every
     rank; global zero decides which paths so that all ranks agree.
 
-    Only checkpoints this callback wrote are ever deleted: those of a run resumed from, or of
-    another run saving into the same ``dirpath``, leave the top k without being removed.
+    Only checkpoints this callback wrote are ever deleted or replaced: those of a run resumed from,
+    or of another run saving into the same ``dirpath``, leave the top k without being removed, and a
+    name another run's checkpoint holds (or is being written under) is not reused: this run's
+    checkpoint takes the next free ``<name>-v1``, ``-v2``, ... with a warning. A run resumed from a
+    checkpoint of this ``dirpath`` carries on its ``last`` checkpoint.
     """
 
     def __init__(
@@ -107,6 +115,8 @@ class ModelCheckpoint(Callback):
         # through state_dict, but a checkpoint's state restored into another instance brings none.
         self._writer = uuid.uuid4().hex
         self._written: set[str] = set()
+        self._warned_of_names = False
+        self._claims: list[str] = []
 
     @property
     def state_key(self) -> str:
@@ -179,37 +189,107 @@ class ModelCheckpoint(Callback):
             self.best_k_models.pop(path, None)
         if trainer.is_global_zero and self.dirpath is not None:
             remove_stale_temporaries(self.dirpath)
-        if plan.path is not None:
-            self._record(plan.path, plan.score)
-            self._written.add(plan.path)
-            trainer.save_checkpoint(plan.path)
-        for path in plan.remove:
-            if path != plan.path:
-                trainer.strategy.remove_checkpoint(path)
-                self._written.discard(path)
         if plan.last is not None:
-            self._save_last(trainer, plan.last, linked_to=plan.path)
+            # Known to the checkpoint written next: a run resumed from it carries on this last.
+            self.last_model_path = plan.last
+            self._written.add(plan.last)
+        try:
+            if plan.path is not None:
+                self._record(plan.path, plan.score)
+                self._written.add(plan.path)
+                trainer.save_checkpoint(plan.path)
+            for path in plan.remove:
+                if path != plan.path:
+                    trainer.strategy.remove_checkpoint(path)
+                    self._written.discard(path)
+            if plan.last is not None:
+                self._save_last(trainer, plan.last, linked_to=plan.path)
+        finally:
+            if trainer.is_global_zero:
+                self._claims += plan.claimed
+                self._release_settled_claims()
+
+    def _release_settled_claims(self) -> None:
+        # A reservation is dropped once its checkpoint holds the name: an asynchronous save may still be
+        # writing after save() returned, and then the name stays reserved until a later save or teardown.
+        for path in [path for path in self._claims if os.path.lexists(path)]:
+            release_name(Path(path))
+            self._claims.remove(path)
+
+    def teardown(self, trainer: Trainer, module: Module, stage: RunStage) -> None:
+        # The run is over: a write that failed leaves no reservation behind (an asynchronous one still
+        # finishing is released a moment early).
+        if trainer.is_global_zero:
+            for path in self._claims:
+                release_name(Path(path))
+            self._claims.clear()
 
     def _plan(self, trainer: Trainer, top_k: bool) -> _SavePlan | None:
         assert self.dirpath is not None
         plan = _SavePlan()
         if self.save_last:
-            plan.last = str(self.dirpath / f"{LAST_NAME}{CHECKPOINT_SUFFIX}")
+            plan.last = self._last_target(plan)
         if top_k and self.save_top_k != 0:
             score = self._score(trainer)
             if score is not None:
-                path = str(self.dirpath / (self._format_name(trainer) + CHECKPOINT_SUFFIX))
-                kept = {p: s for p, s in self.best_k_models.items() if p != path}
-                if self.save_top_k == -1 or len(kept) < self.save_top_k:
-                    plan.path, plan.score = path, score
-                else:
-                    worst = self._worst(kept)
-                    if self._better(score, kept[worst]):
-                        plan.path, plan.score = path, score
-                        (plan.remove if worst in self._written else plan.forget).append(worst)
+                name = self._format_name(trainer)
+                # A name this run saved under before is replaced (a template without {step}); any other is new.
+                own = self._own_path(name)
+                kept = {p: s for p, s in self.best_k_models.items() if p != own}
+                enters = self.save_top_k == -1 or len(kept) < self.save_top_k
+                worst = None if enters else self._worst(kept)
+                if worst is not None and self._better(score, kept[worst]):
+                    enters = True
+                    (plan.remove if worst in self._written else plan.forget).append(worst)
+                if enters:
+                    plan.path, plan.score = own or self._claim(name, plan), score
         if plan.path is None and plan.last is None:
             return None
         return plan
+
+    def _own_path(self, name: str) -> str | None:
+        """The path this run already wrote a checkpoint called ``name`` under (``name`` or a ``-vN`` of it)."""
+        for path in self._versions(name):
+            if path in self._written:
+                return path
+            if not os.path.lexists(path):
+                return None
+        return None
+
+    def _claim(self, name: str, plan: _SavePlan) -> str:
+        """A new path for ``name`` that no other checkpoint holds, reserved until this save has written it."""
+        assert self.dirpath is not None
+        for path in self._versions(name):
+            if claim_name(Path(path)):
+                plan.claimed.append(path)
+                if path != str(self.dirpath / f"{name}{CHECKPOINT_SUFFIX}") and not self._warned_of_names:
+                    self._warned_of_names = True
+                    warnings.warn(
+                        f"ModelCheckpoint: {self.dirpath} already holds {name}{CHECKPOINT_SUFFIX}, which another run "
+                        f"wrote (or is writing); this run saves its checkpoint as {Path(path).name} instead of "
+                        "replacing it, and takes such a new name whenever a name is taken. Give each run its own "
+                        "dirpath to keep the names apart.",
+                        stacklevel=3,
+                    )
+                return path
+        raise AssertionError("unreachable: _versions is endless")
+
+    def _versions(self, name: str) -> Iterator[str]:
+        assert self.dirpath is not None
+        yield str(self.dirpath / f"{name}{CHECKPOINT_SUFFIX}")
+        for version in itertools.count(1):
+            yield str(self.dirpath / f"{name}-v{version}{CHECKPOINT_SUFFIX}")
+
+    def _last_target(self, plan: _SavePlan) -> str:
+        """Where this run's ``last`` checkpoint goes: chosen at its first save and kept; the ``last`` of the run
+        it resumed from (restored :attr:`last_model_path`) is carried on, another run's is never replaced."""
+        own = self.last_model_path
+        if own in self._written:
+            return own
+        # What a checkpoint says is only trusted to name a `last` directly in this dirpath.
+        if own and Path(own).parent == self.dirpath and _LAST.fullmatch(Path(own).name):
+            return own
+        return self._claim(LAST_NAME, plan)
 
     def _score(self, trainer: Trainer) -> float | None:
         if self.monitor is None:
@@ -233,7 +313,6 @@ class ModelCheckpoint(Callback):
 
     def _save_last(self, trainer: Trainer, last: str, linked_to: str | None) -> None:
         target = Path(last)
-        self.last_model_path = str(target)
         if self.save_last == "link" and linked_to is not None:
             if trainer.is_global_zero:
                 temporary = target.with_name(f".{target.name}.link")

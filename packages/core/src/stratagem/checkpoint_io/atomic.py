@@ -51,7 +51,8 @@ UNKNOWN_WRITER_SECONDS = 24 * 3600.0
 
 
 def remove_stale_temporaries(directory: Path) -> list[Path]:
-    """Remove what crashed writers left in ``directory`` under :func:`temporary_sibling` names; return them.
+    """Remove what crashed writers left in ``directory`` under :func:`temporary_sibling` names, and reservations
+    (:func:`claim_name`) that are moot; return them.
 
     Only names of that form are considered, and only certainly stale ones removed: written by a
     process of this host that no longer exists and untouched for :data:`DEAD_WRITER_GRACE_SECONDS`,
@@ -65,6 +66,13 @@ def remove_stale_temporaries(directory: Path) -> list[Path]:
     now = time.time()
     removed = []
     for entry in entries:
+        claimed = _CLAIM_NAME.fullmatch(entry.name)
+        if claimed is not None:
+            # Moot once its checkpoint holds the name, or when the process that reserved it is gone.
+            if os.path.lexists(entry.parent / claimed.group(1)) or _claimed_by_dead_writer(entry):
+                _remove_quietly(entry)
+                removed.append(entry)
+            continue
         match = _TEMPORARY_NAME.fullmatch(entry.name)
         if match is None:
             continue
@@ -81,6 +89,7 @@ def remove_stale_temporaries(directory: Path) -> list[Path]:
 
 
 _TEMPORARY_PREFIX = ".{name}.tmp-"
+_CLAIM_NAME = re.compile(r"\.(.+)\.claim")
 # New names carry host and pid; the older form (12 hex digits) has neither and only ages out.
 _TEMPORARY_NAME = re.compile(r"\..+\.tmp-(?:(?P<host>[0-9a-f]{8})-(?P<pid>\d+)-[0-9a-f]{8}|[0-9a-f]{12})")
 
@@ -120,6 +129,52 @@ def _remove_quietly(path: Path) -> None:
     else:
         with contextlib.suppress(FileNotFoundError):
             path.unlink()
+
+
+def claim_name(target: Path) -> bool:
+    """Reserve the unused name ``target`` for a checkpoint this process is about to write; False when the name
+    holds something already or another writer has reserved it.
+
+    The reservation is a hidden marker beside ``target``, created in one step (``O_EXCL``) so that of two
+    runs saving into one directory at once only one gets a name; release it with :func:`release_name`
+    once the checkpoint is in place. A marker whose writer is a dead process of this host is taken over.
+    """
+    marker = _claim_marker(target)
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    writer = f"{_host_tag()}-{os.getpid()}"
+    for _ in range(2):
+        try:
+            descriptor = os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644)
+        except FileExistsError:
+            if not _claimed_by_dead_writer(marker):
+                return False
+            _remove_quietly(marker)
+            continue
+        with os.fdopen(descriptor, "w") as file:
+            file.write(writer)
+        if os.path.lexists(target):
+            release_name(target)
+            return False
+        return True
+    return False
+
+
+def release_name(target: Path) -> None:
+    """Drop the reservation :func:`claim_name` made for ``target``."""
+    with contextlib.suppress(FileNotFoundError):
+        _claim_marker(target).unlink()
+
+
+def _claim_marker(target: Path) -> Path:
+    return target.parent / f".{target.name}.claim"
+
+
+def _claimed_by_dead_writer(marker: Path) -> bool:
+    try:
+        host, _, pid = marker.read_text()[:64].partition("-")
+    except OSError:
+        return False
+    return host == _host_tag() and pid.isdigit() and not _process_exists(int(pid))
 
 
 def move_into_place(finished: Path, target: Path) -> None:

@@ -10,6 +10,7 @@ import torch
 
 from stratagem.checkpoint_io.checkpoint_io import CheckpointIO, PathLike
 from stratagem.checkpoint_io.errors import CheckpointError
+from stratagem.printable import printable, shown_repr
 
 
 def read_full_checkpoint(
@@ -52,7 +53,7 @@ def check_checkpoint(checkpoint: object, path: PathLike, required: Collection[st
 
 def _describe(value: object) -> str:
     if isinstance(value, dict):
-        keys = [repr(key) for key in list(value)[:8]]
+        keys = [shown_repr(key, 80) for key in list(value)[:8]]
         more = f", ... ({len(value)} in all)" if len(value) > len(keys) else ""
         return f"a dict with keys {', '.join(keys)}{more}" if keys else "an empty dict"
     if isinstance(value, list | tuple):
@@ -70,7 +71,7 @@ def _reader_of(target: Path, preferred: CheckpointIO) -> CheckpointIO:
         try:
             reader_class = registered.load_target(name)
         except Exception as error:  # one broken reader must not stop the others from loading
-            skipped.append(f"{name} ({type(error).__name__}: {error})")
+            skipped.append(f"{name} ({type(error).__name__}: {printable(error, 300)})")
             continue
         if not (isinstance(reader_class, type) and issubclass(reader_class, CheckpointIO)):
             continue

@@ -14,6 +14,7 @@ import torch
 
 from stratagem.checkpoint_io.confined import regular_file
 from stratagem.checkpoint_io.errors import CheckpointError
+from stratagem.printable import printable
 
 _REFUSED_GLOBAL = re.compile(r"GLOBAL ([\w.]+)")
 
@@ -79,4 +80,4 @@ def _detail(error: BaseException) -> str:
     message = str(error)
     if "WeightsUnpickler error:" in message:
         message = message.split("WeightsUnpickler error:", 1)[1]
-    return next((line.strip() for line in message.splitlines() if line.strip()), "no detail")
+    return printable(next((line.strip() for line in message.splitlines() if line.strip()), "no detail"), 300)

@@ -13,6 +13,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, TextIO
 
+from stratagem.printable import printable
 from stratagem.registry import Registry
 from stratagem.registry.registry import json_defaults
 
@@ -72,7 +73,7 @@ def print_listing(
         out.write(format_table([header.upper() for header in headers], cells))
         unavailable = [row for row in rows if row["available"] is False]
         for row in unavailable:
-            out.write(f"\n{row['name']}: not available here: {row['reason']}")
+            out.write(f"\n{printable(row['name'])}: not available here: {printable(row['reason'], 2000)}")
         if unavailable:
             out.write("\n")
         if not args.check:
@@ -93,16 +94,21 @@ def print_problems(registry: Registry) -> None:
             file=sys.stderr,
         )
     for problem in problems:
-        print(f"  {problem.distribution} ({problem.entry_point}): {problem.error}", file=sys.stderr)
+        print(
+            f"  {printable(problem.distribution)} ({printable(problem.entry_point)}): {printable(problem.error, 2000)}",
+            file=sys.stderr,
+        )
 
 
 def format_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    """Left-aligned columns two spaces apart; the last column is not padded."""
-    widths = [max(len(str(line[column])) for line in [headers, *rows]) for column in range(len(headers))]
+    """Left-aligned columns two spaces apart; the last column is not padded. Cells come from plugins'
+    metadata: their control characters are escaped."""
+    shown = [[printable(cell, 1000) for cell in line] for line in [headers, *rows]]
+    widths = [max(len(line[column]) for line in shown) for column in range(len(headers))]
     lines = []
-    for line in [headers, *rows]:
-        padded = [str(cell).ljust(width) for cell, width in zip(line[:-1], widths[:-1])]
-        lines.append("  ".join([*padded, str(line[-1])]).rstrip())
+    for line in shown:
+        padded = [cell.ljust(width) for cell, width in zip(line[:-1], widths[:-1])]
+        lines.append("  ".join([*padded, line[-1]]).rstrip())
     return "\n".join(lines) + "\n"
 
 

@@ -15,7 +15,11 @@ from typing import Any
 
 from stratagem import registry
 from stratagem.cli._listing import format_table
+from stratagem.printable import printable
 from stratagem.registry import PluginError
+
+DETAIL_CHARACTERS = 20_000
+"""How much of one value (an error, a traceback) the report shows."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -48,7 +52,9 @@ def collect() -> dict[str, Any]:
 
 
 def render(report: dict[str, Any], tracebacks: bool = False) -> str:
-    """The report for people."""
+    """The report for people. Every value is shown with its control characters escaped: plugin metadata,
+    error messages and environment variables come from outside and could otherwise drive the terminal."""
+    report = _printable_values(report)
     torch_info = report["torch"]
     lines = [
         f"python     {report['python']['version']} ({report['python']['executable']})",
@@ -83,6 +89,17 @@ def render(report: dict[str, Any], tracebacks: bool = False) -> str:
         if tracebacks and problem["details"]:
             lines += [f"      {line}" for line in problem["details"].rstrip().splitlines()]
     return "\n".join(lines) + "\n"
+
+
+def _printable_values(value: Any, multiline: bool = False) -> Any:
+    # Only a traceback keeps its line breaks: in any other value one would forge a line of the report.
+    if isinstance(value, dict):
+        return {key: _printable_values(item, multiline=key == "details") for key, item in value.items()}
+    if isinstance(value, list):
+        return [_printable_values(item) for item in value]
+    if isinstance(value, str):
+        return printable(value, DETAIL_CHARACTERS, keep_newlines=multiline)
+    return value
 
 
 def _torch_versions() -> dict[str, str | None]:

@@ -9,6 +9,7 @@ from typing import Any
 
 from stratagem import registry
 from stratagem.cli._listing import Row, add_listing_arguments, print_listing
+from stratagem.printable import printable
 from stratagem.registry import PluginError, Registry
 
 
@@ -27,7 +28,7 @@ def run(args: argparse.Namespace) -> int:
         try:
             selected = type(detect_environment())
         except (ValueError, TypeError) as error:  # e.g. a scheduler variable that is not a number
-            print(f"which environment a run would use could not be decided: {error}", file=sys.stderr)
+            print(f"which environment a run would use could not be decided: {printable(error, 2000)}", file=sys.stderr)
 
     def detection(environments: Registry, row: Row) -> dict[str, Any]:
         if not row["available"]:

@@ -10,6 +10,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from types import ModuleType
 
+from stratagem.printable import printable
+
 
 @dataclass(frozen=True)
 class Subcommand:
@@ -31,7 +33,9 @@ SUBCOMMANDS: dict[str, Subcommand] = {
     "plan": Subcommand(
         "stratagem.cli.plan", "estimate memory per rank of training a module under every strategy; say what fits"
     ),
-    "consolidate": Subcommand("stratagem.cli.consolidate", "merge a sharded checkpoint into one file"),
+    "consolidate": Subcommand(
+        "stratagem.cli.consolidate", "merge a sharded checkpoint into one file, or its weights into HF safetensors"
+    ),
 }
 """Every subcommand: its module (imported only when it runs) and its one-line help."""
 
@@ -73,7 +77,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         if not isinstance(error, ValueError | TypeError | PluginError):
             raise
-        print(f"stratagem {chosen}: error: {error}", file=sys.stderr)
+        # Messages carry text from files (a checkpoint's entries, a plugin's error): control sequences are escaped.
+        print(f"stratagem {chosen}: error: {printable(error, 20_000, keep_newlines=True)}", file=sys.stderr)
         return 2
 
 

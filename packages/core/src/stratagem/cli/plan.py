@@ -10,6 +10,9 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from stratagem.config_values import parse_json
+from stratagem.printable import shown_repr
+
 if TYPE_CHECKING:
     from torch import nn
 
@@ -31,6 +34,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-nodes", type=int, default=1, help="number of machines (default: 1)")
     parser.add_argument("--precision", default=None, help="32-true, bf16-mixed, bf16-true, ... (default: 32-true)")
     parser.add_argument("--strategies", default=None, help="comma-separated names to plan (default: all registered)")
+    parser.add_argument("--json", action="store_true", help="print the whole plan as JSON, every reason in full")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -54,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
         # The default of strategy="auto" first: the choice's one-line reason compares against it.
         names = strategies_to_plan(auto_strategy_name(_total_devices(options)), registry.strategies.names())
     result = plan(module, names, **options)
-    print(render(result))
+    print(json.dumps(as_json(result), indent=2) if args.json else render(result))
     return 0
 
 
@@ -65,12 +69,10 @@ def build_module(spec: str, init_args: str) -> nn.Module:
     location, separator, class_name = spec.rpartition(":")
     if not separator or not location or not class_name:
         raise ValueError(f"MODULE={spec!r} is not valid; expected package.module:Class or path/to/file.py:Class.")
-    try:
-        kwargs = json.loads(init_args)
-    except json.JSONDecodeError as error:
-        raise ValueError(f"--init-args={init_args!r} is not valid JSON: {error}.") from None
+    shown = f"--init-args={shown_repr(init_args)}"
+    kwargs = parse_json(init_args, shown)
     if not isinstance(kwargs, dict):
-        raise ValueError(f"--init-args={init_args!r} is not valid; expected a JSON object of keyword arguments.")
+        raise ValueError(f"{shown} is not valid; expected a JSON object of keyword arguments.")
     if location.endswith(".py"):
         path = Path(location)
         if not path.is_file():
@@ -91,13 +93,19 @@ def build_module(spec: str, init_args: str) -> nn.Module:
     return found(**kwargs)
 
 
+WIDTH = 100
+"""Columns the rendered plan keeps to: a terminal's usual width, with room to spare."""
+
+
 def render(result: Plan) -> str:
-    """The footprint, one row per strategy, and the choice."""
+    """The footprint, one row per usable strategy, one line per reason the others cannot run here, and the
+    choice; within :data:`WIDTH` columns (``--json`` keeps every detail)."""
+    import textwrap
+
     from stratagem.planning.planner import size_text
 
     footprint = result.footprint
-
-    lines = [
+    heading = [
         f"model: {footprint.parameters:,} parameters; parameters {size_text(footprint.parameter_bytes)}, "
         f"gradients {size_text(footprint.gradient_bytes)}, "
         f"optimizer state {size_text(footprint.optimizer_state_bytes)}, "
@@ -110,21 +118,73 @@ def render(result: Plan) -> str:
         )
         + f", free disk {size_text(result.resources.disk_bytes)}",
         *(f"note: {note}" for note in result.notes),
-        "",
-        f"{'STRATEGY':<42} {'DEVICE/RANK':>11} {'HOST/RANK':>11} {'DISK/RANK':>11} {'STEP':>5}  FITS",
     ]
-    for candidate in result.candidates:
+    lines = [part for line in heading for part in textwrap.wrap(line, WIDTH, subsequent_indent="  ")]
+    usable = [candidate for candidate in result.candidates if candidate.estimate is not None]
+    if usable:
+        width = max(len("STRATEGY"), *(len(candidate.name) for candidate in usable))
+        header = f"{'STRATEGY':<{width}} {'DEVICE/RANK':>11} {'HOST/RANK':>11} {'DISK/RANK':>11} {'STEP':>5}  FITS"
+        lines += ["", header]
+    for candidate in usable:
         estimate = candidate.estimate
-        if estimate is None:
-            lines.append(f"{candidate.name:<42} {'-':>11} {'-':>11} {'-':>11} {'-':>5}  {candidate.problem}")
-            continue
-        fits = "yes" if candidate.fits else f"no: {candidate.problem}"
-        lines.append(
-            f"{candidate.name:<42} {size_text(estimate.device_bytes):>11} {size_text(estimate.host_bytes):>11} "
-            f"{size_text(estimate.disk_bytes):>11} {estimate.relative_step_time:>5.2f}  {fits}"
+        assert estimate is not None
+        row = (
+            f"{candidate.name:<{width}} {size_text(estimate.device_bytes):>11} {size_text(estimate.host_bytes):>11} "
+            f"{size_text(estimate.disk_bytes):>11} {estimate.relative_step_time:>5.2f}  "
         )
+        fits = "yes" if candidate.fits else f"no: {candidate.problem}"
+        lines += textwrap.wrap(row + fits, WIDTH, subsequent_indent=" " * len(row), drop_whitespace=False) or [row]
+    unusable = unusable_by_reason(result)
+    if unusable:
+        lines += ["", f"not usable here ({sum(len(names) for names in unusable.values())}):"]
+    for reason, names in unusable.items():
+        lines += textwrap.wrap(f"{', '.join(names)}: {reason}", WIDTH, initial_indent="- ", subsequent_indent="  ")
     lines += ["", "Sizes per rank; STEP is the declared step time relative to ddp.", result.reason()]
     return "\n".join(lines)
+
+
+def unusable_by_reason(result: Plan) -> dict[str, list[str]]:
+    """The strategies that cannot run here, grouped by why: each reason once, with the strategy's own name
+    in it written as ``<name>`` where several share it, and the names it applies to."""
+    groups: dict[str, list[str]] = {}
+    reasons: dict[str, str] = {}
+    for candidate in result.candidates:
+        if candidate.estimate is not None:
+            continue
+        reason = (candidate.problem or "").removeprefix("not usable here: ")
+        generic = reason.replace(repr(candidate.name), "<name>").replace(f'"{candidate.name}"', "<name>")
+        groups.setdefault(generic, []).append(candidate.name)
+        reasons.setdefault(generic, reason)
+    # A reason that only one strategy has reads better with its name in it.
+    return {(reasons[generic] if len(names) == 1 else generic): names for generic, names in groups.items()}
+
+
+def as_json(result: Plan) -> dict[str, Any]:
+    """The plan as plain data: the footprint, the resources, every candidate with its estimate or problem."""
+    import dataclasses
+
+    chosen = result.chosen
+    return {
+        "footprint": {
+            field.name: getattr(result.footprint, field.name)
+            for field in dataclasses.fields(result.footprint)
+            if field.name != "module"
+        },
+        "resources": dataclasses.asdict(result.resources),
+        "notes": list(result.notes),
+        "candidates": [
+            {
+                "name": candidate.name,
+                "fits": candidate.fits,
+                "problem": candidate.problem,
+                "memory_per_rank_bytes": candidate.memory_per_rank if candidate.estimate is not None else None,
+                "estimate": dataclasses.asdict(candidate.estimate) if candidate.estimate is not None else None,
+            }
+            for candidate in result.candidates
+        ],
+        "chosen": chosen.name if chosen is not None else None,
+        "reason": result.reason(),
+    }
 
 
 def _devices(value: str) -> Any:

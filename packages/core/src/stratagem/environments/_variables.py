@@ -77,8 +77,8 @@ def port_variable(name: str, default: int | None = None, *, hint: str = "") -> i
     return int_variable(name, default, minimum=1, maximum=MAX_PORT, hint=hint)
 
 
-def seconds_variable(name: str, default: float) -> float:
-    """A positive, finite number of seconds, or ``default`` when unset."""
+def seconds_variable(name: str, default: float, *, maximum: float | None = None) -> float:
+    """A positive, finite number of seconds (at most ``maximum``), or ``default`` when unset."""
     value = os.environ.get(name)
     if value is None:
         return default
@@ -86,8 +86,9 @@ def seconds_variable(name: str, default: float) -> float:
         seconds = float(value)
     except ValueError:
         seconds = math.nan
-    if not (math.isfinite(seconds) and seconds > 0):
-        raise _invalid(name, value, "a positive number of seconds", "")
+    if not (math.isfinite(seconds) and seconds > 0 and (maximum is None or seconds <= maximum)):
+        bound = "" if maximum is None else f" up to {maximum:.0f}"
+        raise _invalid(name, value, f"a positive number of seconds{bound}", "")
     return seconds
 
 

@@ -12,6 +12,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from multiprocessing.process import BaseProcess
 
+from stratagem.printable import printable
+
+TRACEBACK_CHARACTERS = 20_000
+"""How much of a failed rank's traceback (its last characters) the error shows."""
+
 END_GRACE_SECONDS = 5.0
 """How long an ended rank gets to exit after SIGTERM before it is sent SIGKILL."""
 
@@ -53,12 +58,14 @@ class RankFailedError(RuntimeError):
 def _failure_message(failure: RankFailure, others: Sequence[RankFailure]) -> str:
     lines = [f"{failure.summary()}; every other rank was ended."]
     if failure.traceback_text:
-        lines += [f"--- traceback of rank {failure.rank} ---", failure.traceback_text.rstrip()]
+        # The traceback is read from a file; its end says most.
+        traceback_text = printable(failure.traceback_text.rstrip(), TRACEBACK_CHARACTERS, keep_newlines=True, tail=True)
+        lines += [f"--- traceback of rank {failure.rank} ---", traceback_text]
     else:
         lines.append(f"(rank {failure.rank} left no Python traceback; its own output above may say more.)")
     for other in others:
         last_line = (other.traceback_text or "").strip().splitlines()[-1:] or [""]
-        lines.append(f"Also failed after it: {other.summary()}. {last_line[0]}".rstrip())
+        lines.append(f"Also failed after it: {other.summary()}. {printable(last_line[0], 300)}".rstrip())
     return "\n".join(lines)
 
 

@@ -25,6 +25,7 @@ from stratagem.launchers.failures import (
 )
 from stratagem.launchers.launcher import Launcher
 from stratagem.launchers.rendezvous import check_main_port_free, rank_environment
+from stratagem.printable import printable
 
 PARENT_PID_VARIABLE = "STRATAGEM_LAUNCHER_PARENT_PID"
 """Set in the ranks this launcher starts: the pid of rank 0, which they watch."""
@@ -243,8 +244,28 @@ def _run_as_started_rank(function: Callable[..., Any], args: tuple[Any, ...], kw
     except BaseException:
         error_file = os.environ.get(ERROR_FILE_VARIABLE)
         if error_file:
-            Path(error_file).write_text(traceback.format_exc())
+            _leave_traceback(Path(error_file), traceback.format_exc())
         raise
+
+
+def _leave_traceback(path: Path, text: str) -> None:
+    """Write ``text`` to ``path``, which must not exist yet: the launcher names a fresh file in a directory of its
+    own, so an existing one means the variable was inherited from elsewhere (left set in a torchrun job, say)
+    and that file is not ours to replace. Never raises: the rank's own error is what matters."""
+    try:
+        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+    except OSError as error:
+        reason = "it exists already" if isinstance(error, FileExistsError) else f"{error.strerror}"
+        print(
+            f"stratagem: not writing this rank's traceback to {ERROR_FILE_VARIABLE}={printable(repr(str(path)))}: "
+            f"{reason}, and stratagem only creates a new file there (the launcher that starts ranks sets the "
+            "variable to a fresh path). Unset it if it was left over from another job.",
+            file=sys.stderr,
+            flush=True,
+        )
+        return
+    with os.fdopen(descriptor, "w") as file:
+        file.write(text)
 
 
 _parent_watched = False

@@ -56,7 +56,7 @@ PACKAGES: tuple[FirstPartyPackage, ...] = (
         distribution="stratagem-fsdp",
         names={
             "strategy": ("fsdp", "fsdp_cpu_offload", "fsdp_spawn", "fsdp_fork"),
-            "checkpoint IO": ("distributed_checkpoint",),
+            "checkpoint IO": ("distributed_checkpoint", "async_distributed_checkpoint"),
         },
     ),
     FirstPartyPackage(

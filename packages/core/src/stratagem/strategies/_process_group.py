@@ -20,6 +20,8 @@ from stratagem.launchers.rendezvous import port_in_use_message
 
 JOIN_TIMEOUT_VARIABLE = "STRATAGEM_JOIN_TIMEOUT"
 DEFAULT_JOIN_TIMEOUT_SECONDS = 120.0
+MAX_JOIN_TIMEOUT_SECONDS = 30 * 24 * 3600.0
+"""30 days: far beyond any wait for ranks to start, and far below what a ``timedelta`` or the store's clock holds."""
 
 _ADVICE = (
     f"Check that every rank was started and none failed before joining (its output says), that MASTER_ADDR is the "
@@ -41,7 +43,8 @@ class RendezvousTimeoutError(RuntimeError):
 
 def join_timeout() -> timedelta:
     """How long a rank waits for all ranks to join: ``STRATAGEM_JOIN_TIMEOUT`` seconds, default 120."""
-    return timedelta(seconds=seconds_variable(JOIN_TIMEOUT_VARIABLE, DEFAULT_JOIN_TIMEOUT_SECONDS))
+    seconds = seconds_variable(JOIN_TIMEOUT_VARIABLE, DEFAULT_JOIN_TIMEOUT_SECONDS, maximum=MAX_JOIN_TIMEOUT_SECONDS)
+    return timedelta(seconds=seconds)
 
 
 def join(address: str, port: int, rank: int, world_size: int, prefix: str, timeout: timedelta) -> dist.PrefixStore:

@@ -265,6 +265,27 @@ class ParallelStrategy(Strategy, ABC):
             return
         super().save_checkpoint(path, state)
 
+    @contextlib.contextmanager
+    def _joined_process_group(self) -> Iterator[None]:
+        """The run's process group, for work on state sharded over its processes; after the run, joined again.
+
+        Once a run has ended its group is gone, but each process still holds its shards (of the module, of
+        the optimizer state): for a collective after the run (``trainer.save_checkpoint`` once ``fit`` has
+        returned, called on every rank), the ranks meet again as a run's would and leave once it is done.
+        """
+        if _distributed_ready():
+            yield
+            return
+        self.init_dist_connection()
+        try:
+            yield
+        finally:
+            if self._created_process_group:
+                self.destroy_process_group()
+            wait_for_idle_gloo_workers()
+            self._created_process_group = False
+            self._arrivals = None
+
     def _require_live_process_group(self, action: str) -> None:
         """Raise, before anything is read or written, when the process group joining the run has ended.
 

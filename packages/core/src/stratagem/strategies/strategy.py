@@ -15,6 +15,7 @@ from torch.optim import Optimizer
 
 from stratagem.accelerators import Accelerator
 from stratagem.checkpoint_io import CheckpointIO, PathLike
+from stratagem.checkpoint_io.safetensors_import import SafetensorsWeights, copy_whole, load_pretrained_weights
 from stratagem.environments.cluster_environment import ClusterEnvironment
 from stratagem.launchers import Launcher
 from stratagem.precision import Precision
@@ -387,8 +388,10 @@ class Strategy(ABC):
 
         During a run, every rank returns once the checkpoint is complete. After the run (its process
         group gone), a strategy whose processes each hold the whole state writes from global rank 0
-        alone while the other ranks return at once; one that cannot write a complete checkpoint any
-        more (its shards went with the run) raises on every rank before writing anything.
+        alone while the other ranks return at once; one whose processes each hold their shards joins
+        them again to write together (see ``ParallelStrategy._joined_process_group``); one that cannot
+        write a complete checkpoint any more (its state went with the run) raises on every rank before
+        writing anything.
         """
         checkpoint = {key: self._state_of(value) for key, value in state.items()}
         if self.checkpoint_io.writes_collectively:
@@ -426,6 +429,15 @@ class Strategy(ABC):
                 for optimizer, optimizer_state in zip(target, remaining.pop(key), strict=True):
                     optimizer.load_state_dict(optimizer_state)
         return remaining
+
+    def load_pretrained(self, target: nn.Module, weights: SafetensorsWeights) -> None:
+        """Copy Hugging Face safetensors ``weights`` into ``target`` (the module set up, or a submodule of it).
+
+        Called on every rank after :meth:`setup_module` and before the optimizers are made, for what
+        ``Module.load_pretrained`` asked. Each process reads only the parts of each tensor it holds
+        (a strategy that shards reads its shards' slices), so no process ever holds the whole model.
+        """
+        load_pretrained_weights(target, weights, copy_whole)
 
     def module_full_state_dict(self) -> dict[str, Any]:
         """The module's whole, unsharded state on CPU, on rank 0 (other ranks may get ``{}``).

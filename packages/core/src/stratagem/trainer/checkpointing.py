@@ -10,12 +10,14 @@ from typing import TYPE_CHECKING, Any
 
 from stratagem.callbacks.model_checkpoint import ModelCheckpoint, default_checkpoint_root, find_last_checkpoint
 from stratagem.checkpoint_io import CheckpointError
-from stratagem.module_loading import HYPER_PARAMETERS_KEY
+from stratagem.module_loading import HYPER_PARAMETERS_KEY, stored_hyperparameters
+from stratagem.printable import printable
 from stratagem.trainer.progress import FitProgress
 from stratagem.trainer.rng import capture_rng_state
 
 if TYPE_CHECKING:
     from stratagem.module import Module
+    from stratagem.strategies import Strategy
     from stratagem.trainer.trainer import Trainer
 
 FORMAT_VERSION = 1
@@ -32,10 +34,20 @@ def stratagem_version() -> str:
         return "unknown"
 
 
+def load_requested_weights(strategy: Strategy, module: Module) -> None:
+    """Load what ``module.load_pretrained`` asked for into the module the strategy has just set up, once."""
+    from stratagem.checkpoint_io.safetensors_import import SafetensorsWeights
+
+    requests = module.__dict__.pop("_pretrained_requests", [])
+    for request in requests:
+        with SafetensorsWeights(request.directory) as weights:
+            strategy.load_pretrained(request.target, weights)
+
+
 def build_checkpoint(trainer: Trainer, module: Module) -> dict[str, Any]:
     """The state to hand to ``strategy.save_checkpoint``: live module and optimizers, plain values for the rest."""
     # Only when saved: Module.load_from_checkpoint rebuilds the module from them.
-    hyper_parameters = {HYPER_PARAMETERS_KEY: dict(module.hparams)} if module.hparams else {}
+    hyper_parameters = {HYPER_PARAMETERS_KEY: stored_hyperparameters(module.hparams)} if module.hparams else {}
     return {
         **hyper_parameters,
         "module": module,
@@ -64,8 +76,8 @@ def announce_loaded(trainer: Trainer, path: str, checkpoint: dict[str, Any], wha
     """One line on global zero: which checkpoint was loaded, and how its run differed from this one."""
     if not trainer.is_global_zero:
         return
-    line = f"stratagem: {what} {path}"
-    # Only plain values of the expected kind are shown: the file may come from anywhere.
+    line = f"stratagem: {what} {printable(path, 1000)}"
+    # Only plain values of the expected kind are shown, control characters escaped: the file may come from anywhere.
     loops = checkpoint.get("loops")
     fit = loops.get("fit") if isinstance(loops, dict) else None
     if isinstance(fit, dict) and isinstance(fit.get("epoch"), int) and isinstance(fit.get("global_step"), int):
@@ -74,7 +86,7 @@ def announce_loaded(trainer: Trainer, path: str, checkpoint: dict[str, Any], wha
     if isinstance(then, dict):
         changed = [key for key, value in now.items() if isinstance(then.get(key), str | int) and then[key] != value]
         if changed:
-            before = ", ".join(f"{key} {str(then[key])[:100]}" for key in changed)
+            before = ", ".join(f"{key} {printable(then[key], 100)}" for key in changed)
             after = ", ".join(f"{key} {now[key]}" for key in changed)
             line += f"; it was saved with {before}, this run uses {after}"
     print(line, file=sys.stderr, flush=True)

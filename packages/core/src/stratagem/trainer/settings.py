@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
@@ -95,8 +96,11 @@ def parse_settings(options: Mapping[str, Any]) -> TrainerSettings:
     if gradient_clip_val is not None:
         if isinstance(gradient_clip_val, bool) or not isinstance(gradient_clip_val, int | float):
             raise TypeError(f"gradient_clip_val={gradient_clip_val!r} is not valid; expected None or a number >= 0.")
-        if gradient_clip_val < 0:
-            raise ValueError(f"gradient_clip_val={gradient_clip_val!r} is not valid; expected None or a number >= 0.")
+        if not (gradient_clip_val >= 0 and math.isfinite(gradient_clip_val)):
+            # A NaN bound would turn every gradient into NaN; an infinite one clips nothing.
+            raise ValueError(
+                f"gradient_clip_val={gradient_clip_val!r} is not valid; expected None or a finite number >= 0."
+            )
         gradient_clip_val = float(gradient_clip_val) or None
     if gradient_clip_algorithm not in ("norm", "value"):
         raise ValueError(

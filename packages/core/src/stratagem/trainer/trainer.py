@@ -24,7 +24,13 @@ from stratagem.loggers.logger import Logger
 from stratagem.module import Module
 from stratagem.planning.auto import AutoRequest, choice_for_workers, choose_strategy
 from stratagem.strategies import LoopSettings, Strategy
-from stratagem.trainer.checkpointing import build_checkpoint, resolve_ckpt_path, restore_fit, restore_weights
+from stratagem.trainer.checkpointing import (
+    build_checkpoint,
+    load_requested_weights,
+    resolve_ckpt_path,
+    restore_fit,
+    restore_weights,
+)
 from stratagem.trainer.data import as_loader_list, check_splittable, rebuilt_for_strategy, with_distributed_sampler
 from stratagem.trainer.evaluation_loop import EvaluationKind, run_evaluation
 from stratagem.trainer.fit_loop import FitLoop
@@ -284,8 +290,9 @@ class Trainer:
         Call it on every rank (as hooks and callbacks are): strategies that shard save collectively. During a
         run every rank returns once the checkpoint is complete. After ``fit``/``validate``/``test`` has returned,
         a strategy whose processes each hold the whole state (``single_device``, ``ddp``) saves from global
-        rank 0, and the other ranks return at once; a sharded one (``fsdp``, ``deepspeed``) raises before
-        writing anything, because its shards went with the run: save from a callback or ModelCheckpoint there.
+        rank 0, and the other ranks return at once; ``fsdp``, whose processes each still hold their shards,
+        joins the ranks again to save them together; ``deepspeed`` raises before writing anything, because
+        its engine went with the run: save from a callback or ModelCheckpoint there.
         """
         module = self._module
         if module is None:
@@ -405,6 +412,7 @@ class Trainer:
             with strategy.module_init_context(empty_init=True if checkpoint is not None else None):
                 module.configure_model()
             strategy.setup_module(module)
+            load_requested_weights(strategy, module)
             if stage == "fit":
                 # Before the optimizers: an engine built with them (DeepSpeed) is sized by the batch.
                 train = self._loaders(module, "fit", loaders[0], required=True)
