@@ -333,3 +333,11 @@ def test_saving_last_over_a_link_replaces_the_link_and_leaves_the_checkpoint_it_
     assert torch.load(last / "loops.pt", weights_only=True)["fit"]["global_step"] == 4
     assert torch.load(linked / "loops.pt", weights_only=True)["fit"]["global_step"] == 2
     assert not [path for path in checkpoints.iterdir() if path.name.startswith(".")], "no temporary left"
+
+
+@pytest.mark.parametrize("mode", ["min", "max"])
+def test_a_nan_monitored_value_ranks_last_and_leaves_the_top_k_to_finite_ones(tmp_path, mode):
+    callback = ModelCheckpoint(monitor="score", mode=mode, save_top_k=1, filename="{epoch}")
+    _fit(tmp_path, callback, module=_ScriptedMetric([float("nan"), 0.5, float("nan")]), max_epochs=3)
+    assert _names(_run_directory(tmp_path)) == ["epoch=1.ckpt"]
+    assert callback.best_model_score == pytest.approx(0.5)
