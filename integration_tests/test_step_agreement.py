@@ -34,7 +34,8 @@ MAX_STEPS = 5
 
 
 class OddOnRankOne(stratagem.Module):
-    """Batch ``BAD_BATCH`` of every epoch gives no loss (``"none"``) or a NaN loss (``"nan"``) on rank 1 only."""
+    """Batch ``BAD_BATCH`` of every epoch gives no loss (``"none"``), a NaN loss (``"nan"``) or a finite loss with a NaN
+    gradient (``"nan_gradient"``: d/dw sqrt(|0 * w|) is inf * 0) on rank 1 only."""
 
     def __init__(self, fault: str) -> None:
         super().__init__()
@@ -50,6 +51,8 @@ class OddOnRankOne(stratagem.Module):
         loss = functional.cross_entropy(self(features), labels)
         if batch_idx != BAD_BATCH or self.global_rank != 1:
             return loss
+        if self.fault == "nan_gradient":
+            return loss + (self.layers[0].weight * 0).abs().sqrt().sum()
         return None if self.fault == "none" else loss * float("nan")
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
@@ -62,7 +65,9 @@ def _loader() -> DataLoader:
     return DataLoader(TensorDataset(features, (features[:, 0] > 0).long()), batch_size=8)
 
 
-def fit_with_a_fault(strategy: str, fault: str, nonfinite: str, root: str) -> dict[str, Any]:
+def fit_with_a_fault(
+    strategy: str, fault: str, nonfinite: str, root: str, gradient_clip_val: float | None = None
+) -> dict[str, Any]:
     """One rank's fit; what it raised (or not), how long it took, its step and whether its weights are finite."""
     module = OddOnRankOne(fault)
     trainer = stratagem.Trainer(
@@ -71,6 +76,7 @@ def fit_with_a_fault(strategy: str, fault: str, nonfinite: str, root: str) -> di
         devices=2,
         max_steps=MAX_STEPS,
         nonfinite=nonfinite,
+        gradient_clip_val=gradient_clip_val,
         default_root_dir=Path(root),
         logger=False,
         enable_progress_bar=False,
@@ -128,3 +134,12 @@ def test_nonfinite_skip_skips_a_nan_batch_on_every_rank_and_trains_on(pair, stra
     for result in results:
         assert result["error"] is None
         assert (result["global_step"], result["finite"]) == (MAX_STEPS, True)
+
+
+# DeepSpeed clips inside its engine step and gives no norm before it: its gradients are not checked.
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_a_nan_gradient_on_one_rank_stops_every_rank_where_clipping_computes_the_norm(pair, strategy, tmp_path):
+    results = pair.run(fit_with_a_fault, strategy, "nan_gradient", "error", str(tmp_path), 100.0, timeout=240)
+    for result in results:
+        assert f"gradient norm is nan at batch_idx {BAD_BATCH} of epoch 0" in result["error"]
+        assert (result["global_step"], result["finite"]) == (BAD_BATCH, True)

@@ -122,3 +122,18 @@ def test_an_epoch_without_an_optimizer_step_ends_a_max_steps_run_with_a_message(
 def test_nonfinite_names_what_it_accepts(tmp_path, value):
     with pytest.raises(ValueError, match=f"nonfinite={value!r} is not valid; expected 'error'.*'skip'.*'ignore'"):
         quiet_trainer(tmp_path, nonfinite=value)
+
+
+def test_a_gradient_scaler_keeps_skipping_its_own_overflowing_steps(tmp_path):
+    class Overflows(ClassifierModule):
+        # Finite in fp32, infinite once the scaler multiplies it by its initial scale (2**16): the first steps
+        # overflow until the scaler has lowered its scale.
+        def training_step(self, batch, batch_idx):
+            return super().training_step(batch, batch_idx) * 1e34
+
+    module = Overflows()
+    trainer = quiet_trainer(tmp_path, max_steps=6, precision="16-mixed", gradient_clip_val=1.0)
+    trainer.fit(module, make_loader())
+    assert trainer.global_step == 6
+    assert trainer.strategy.precision.scaler.get_scale() < 2.0**16
+    assert _all_finite(module)
