@@ -211,7 +211,11 @@ class FitLoop:
         return True
 
     def _no_step_message(self, batches: int) -> str:
-        skipping = " or a non-finite loss (Trainer(nonfinite='skip'))" if self.settings.nonfinite == "skip" else ""
+        skipping = (
+            ", or its step was skipped for a non-finite loss or gradient norm (nonfinite='skip'),"
+            if self.settings.nonfinite == "skip"
+            else ""
+        )
         return (
             f"Epoch {self.progress.epoch - 1} made no optimizer step in {batches} batches: training_step returned "
             f"None{skipping} for every one of them, so the run would never advance (global_step stays at "
