@@ -7,8 +7,9 @@ Two faults are caught where they happen instead of turning into a hang or NaN we
 - a loss, or a gradient norm that clipping computed, that is NaN or infinite: the optimizer step would
   write it into the weights, and every checkpoint after it.
 
-Both ride on one exchange per step (:meth:`Strategy.gather_step_outcome`, no collective on one process),
-so that every rank takes the same decision: raise naming the step, or skip the batch everywhere.
+What each rank's loss was rides on one exchange per step (:meth:`Strategy.gather_step_outcome`, no
+collective on one process), so that every rank takes the same decision: raise naming the step, or skip the
+batch everywhere. The gradient norm needs none: clipping computes the whole gradient's, the same on every rank.
 """
 
 from __future__ import annotations
