@@ -204,10 +204,10 @@ class FitLoop:
             warnings.warn("The training dataloader produced no batch; fitting stops.", stacklevel=2)
             return False
         if finished:
-            batches = progress.batches_in_epoch - skip
+            trained = progress.batches_in_epoch - skip
             self._end_epoch()
-            if progress.global_step == steps_before and batches > 0:
-                raise RuntimeError(self._no_step_message(batches))
+            if progress.global_step == steps_before and trained > 0:
+                raise RuntimeError(self._no_step_message(trained))
         return True
 
     def _no_step_message(self, batches: int) -> str:
