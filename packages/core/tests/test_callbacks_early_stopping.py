@@ -76,3 +76,10 @@ def test_settings_that_cannot_work_are_refused():
         EarlyStopping("x", patience=-1)
     with pytest.raises(ValueError, match=r"min_delta=-0\.1"):
         EarlyStopping("x", min_delta=-0.1)
+
+
+def test_a_nan_let_through_by_check_finite_false_counts_as_the_worst_value(tmp_path):
+    epochs, stopper = _stopped_after([math.nan, 0.9, 0.8, 0.05], check_finite=False, stopping_threshold=0.1)(tmp_path)
+    assert epochs == 4
+    assert "score = 0.05 reached stopping_threshold" in stopper.stopping_reason
+    assert stopper.best_score == pytest.approx(0.05)

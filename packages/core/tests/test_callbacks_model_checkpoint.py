@@ -426,3 +426,11 @@ def test_concurrent_runs_given_the_same_dirpath_each_keep_their_own_checkpoint(t
     for path, weight in results:
         assert torch.equal(torch.load(path, weights_only=True)["module"]["layers.0.weight"], weight)
     assert _names(tmp_path / "shared") == ["epoch=0-step=2-v1.ckpt", "epoch=0-step=2.ckpt"]
+
+
+@pytest.mark.parametrize("mode", ["min", "max"])
+def test_a_nan_monitored_value_ranks_last_and_leaves_the_top_k_to_finite_ones(tmp_path, mode):
+    callback = ModelCheckpoint(monitor="score", mode=mode, save_top_k=1, filename="{epoch}")
+    _fit(tmp_path, callback, module=_ScriptedMetric([float("nan"), 0.5, float("nan")]), max_epochs=3)
+    assert _names(_run_directory(tmp_path)) == ["epoch=1.ckpt"]
+    assert callback.best_model_score == pytest.approx(0.5)

@@ -7,6 +7,7 @@ saving on every rank, results equal on every rank, and the outcome sent back to 
 """
 
 import os
+import time
 
 import pytest
 import torch
@@ -160,3 +161,23 @@ class FailsOnRankOne(ClassifierModule):
 def test_a_failing_rank_reports_its_error_to_the_caller(tmp_path):
     with pytest.raises(RankFailedError, match="rank one gives up"):
         _two_process_trainer(tmp_path, max_steps=2).fit(FailsOnRankOne(), make_loader())
+
+
+class SkipsOnRankOne(ClassifierModule):
+    """Returns None for batch 2 on rank 1 only: the ranks disagree on whether the step has a loss."""
+
+    def training_step(self, batch, batch_idx):
+        if batch_idx == 2 and self.global_rank == 1:
+            return None
+        return super().training_step(batch, batch_idx)
+
+
+def test_ranks_that_disagree_on_having_a_loss_fail_at_that_batch_naming_them_instead_of_hanging(tmp_path):
+    started = time.monotonic()
+    with pytest.raises(RankFailedError) as caught:
+        _two_process_trainer(tmp_path, max_steps=6).fit(SkipsOnRankOne(), make_loader())
+    assert time.monotonic() - started < 60
+    assert (
+        "The ranks disagree at batch_idx 2 of epoch 0 (global_step 2): training_step returned None on rank 1 and a "
+        "loss on rank 0" in str(caught.value)
+    )

@@ -184,6 +184,9 @@ class HorovodStrategy(ParallelStrategy):
         return result
 
     def zero_grad(self, optimizer: Optimizer) -> None:
+        # A step skipped for a non-finite gradient norm (Trainer(nonfinite="skip")) synchronised for clipping and
+        # never stepped: the next step's gradients must be synchronised again.
+        self._synchronized.discard(id(optimizer))
         # horovod's DistributedOptimizer.zero_grad takes no set_to_none; torch's default sets them to None.
         optimizer.zero_grad()
 

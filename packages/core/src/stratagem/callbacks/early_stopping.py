@@ -80,13 +80,20 @@ class EarlyStopping(Callback):
         better = (lambda a, b: a < b) if self.mode == "min" else (lambda a, b: a > b)
         if self.check_finite and not math.isfinite(score):
             return self.wait_count, self.best_score, f"{self.monitor} = {score} is not finite"
+        # NaN is the worst value there is (check_finite=False lets it through): never good enough, never better than
+        # the best, and it never becomes the best (compared as it is, it would reach any stopping_threshold).
+        if math.isnan(score):
+            return self._no_improvement()
         if self.stopping_threshold is not None and not better(self.stopping_threshold, score):
             return self.wait_count, score, f"{self.monitor} = {score:.6g} reached stopping_threshold"
         if self.divergence_threshold is not None and better(self.divergence_threshold, score):
             return self.wait_count, self.best_score, f"{self.monitor} = {score:.6g} crossed divergence_threshold"
         shifted = score + self.min_delta if self.mode == "min" else score - self.min_delta
-        if better(shifted, self.best_score):
+        if better(shifted, self.best_score) or math.isnan(self.best_score):
             return 0, score, ""
+        return self._no_improvement()
+
+    def _no_improvement(self) -> tuple[int, float, str]:
         wait_count = self.wait_count + 1
         if wait_count >= self.patience:
             return (

@@ -336,15 +336,20 @@ class ModelCheckpoint(Callback):
         return _PLACEHOLDER.sub(fill, self.filename)
 
     def _better(self, score: float, than: float) -> bool:
-        return score < than if self._minimizing else score > than
+        return self._rank(score) < self._rank(than)
 
     def _best(self, scores: dict[str, float]) -> str:
-        pick = min if self._minimizing else max
-        return pick(scores, key=scores.__getitem__)
+        return min(scores, key=lambda path: self._rank(scores[path]))
 
     def _worst(self, scores: dict[str, float]) -> str:
-        pick = max if self._minimizing else min
-        return pick(scores, key=scores.__getitem__)
+        return max(scores, key=lambda path: self._rank(scores[path]))
+
+    def _rank(self, score: float) -> float:
+        """Smaller is better. NaN is the worst score there is: compared as it is, it would be neither better nor
+        worse than any other, and a NaN kept first would never leave the top k."""
+        if math.isnan(score):
+            return math.inf
+        return score if self._minimizing else -score
 
     @property
     def _minimizing(self) -> bool:

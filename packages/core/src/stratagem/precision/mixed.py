@@ -51,6 +51,10 @@ class MixedPrecision(Precision):
         if accelerator.needs_grad_scaler(self.dtype):
             self.scaler = torch.amp.GradScaler(accelerator.device_type)
 
+    @property
+    def skips_nonfinite_gradients(self) -> bool:
+        return self.scaler is not None and self.scaler.is_enabled()
+
     def forward_context(self) -> contextlib.AbstractContextManager[Any]:
         return torch.autocast(self._device_type, dtype=self.dtype)
 

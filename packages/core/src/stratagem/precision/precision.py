@@ -64,6 +64,12 @@ class Precision:
     def unscale_gradients(self, optimizer: Optimizer) -> None:
         """Bring gradients back to their true scale before clipping or inspection."""
 
+    @property
+    def skips_nonfinite_gradients(self) -> bool:
+        """True when :meth:`optimizer_step` itself skips steps whose gradients are not finite (a loss scaler
+        does, while it searches for its scale): the Trainer then leaves such gradients to it."""
+        return False
+
     def optimizer_step(self, optimizer: Optimizer, step: Callable[[], Any]) -> Any:
         """Run ``step()`` (the optimizer's step), skipping it where gradients overflowed."""
         return step()

@@ -374,6 +374,19 @@ class Strategy(ABC):
         reduced = self.reduce(flag, op="min" if all_ranks else "max")
         return bool(reduced.item() > 0.5)
 
+    def gather_step_outcome(self, outcome: int) -> list[int]:
+        """Every rank's ``outcome`` of the training step it just ran (a small int), in rank order.
+
+        Called by the fit loop on every rank after each ``training_step`` and before its backward, so that
+        ranks that disagree (one has no loss, or a non-finite one) are found before backward's gradient
+        synchronisation waits for a rank that will never join it. One process returns ``[outcome]`` with no
+        collective; several exchange it in one :meth:`all_gather` of one int per rank.
+        """
+        if self.world_size == 1:
+            return [outcome]
+        flags = torch.tensor([outcome], dtype=torch.int32, device=self.root_device)
+        return self.all_gather(flags).flatten().tolist()
+
     # -- checkpoints ------------------------------------------------------------------------
 
     def save_checkpoint(self, path: PathLike, state: dict[str, Any]) -> None:

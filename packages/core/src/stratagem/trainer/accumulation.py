@@ -26,10 +26,11 @@ class TrainingLoopSteps(Protocol):
         self, batch: Any, batch_idx: int, scale_loss: Callable[[torch.Tensor], torch.Tensor] | None
     ) -> tuple[Any, bool]:
         """``training_step`` and backward on its loss (scaled by ``scale_loss`` unless ``None``); whether
-        backward ran."""
+        backward ran (not when the step gave no loss, or one the Trainer's ``nonfinite`` check skips)."""
 
     def step_optimizers(self) -> None:
-        """Clip, step and zero the optimizers if the window has gradients, and count the step."""
+        """Clip, step and zero the optimizers if the window has gradients, and count the step; a non-finite
+        gradient norm from clipping stops the run, or (``nonfinite="skip"``) drops the gradients uncounted."""
 
     def record_engine_steps(self, output: Any, optimizer_steps: int) -> None:
         """Take an engine call's reduced output and count the optimizer steps it made."""

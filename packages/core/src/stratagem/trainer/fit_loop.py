@@ -25,6 +25,7 @@ from stratagem.trainer.optimizers import step_schedulers
 from stratagem.trainer.progress import Throughput
 from stratagem.trainer.rng import capture_rng_state, loader_generators, restore_rng_state
 from stratagem.trainer.step_boundaries import step_boundary_callback
+from stratagem.trainer.step_checks import StepChecks
 
 if TYPE_CHECKING:
     from stratagem.trainer.run_context import RunContext
@@ -67,6 +68,13 @@ class FitLoop:
         self._backward = calls.backward
         self._step_optimizer = calls.optimizer_step
         self._zero_grad = calls.zero_grad
+        self.checks = StepChecks(self.strategy, settings.nonfinite, self.progress)
+        self._checks_loss = self.checks.needed
+        # Gradients a loss scaler already skips on are left to it (inf while it searches for its scale).
+        self._checks_gradient_norm = (
+            settings.nonfinite != "ignore" and not self.strategy.precision.skips_nonfinite_gradients
+        )
+        self._batch_idx = 0
         # A strategy that steps the schedulers itself gets none stepped here, per step or per epoch.
         self.scheduler_configs = [] if self.strategy.steps_lr_schedulers else trainer.lr_scheduler_configs
         self.step_schedulers = [config for config in self.scheduler_configs if config.interval == "step"]
@@ -160,6 +168,7 @@ class FitLoop:
         self.hooks.call("on_train_epoch_start", trainer, module)
         self._window_has_grad = False
         finished = True
+        steps_before = progress.global_step
         # One batch is the loop's body, with everything it reads bound here: on a small model every attribute
         # lookup and call the Trainer makes per batch is a measurable share of a step.
         start_hooks, end_hooks = self._batch_start_hooks, self._batch_end_hooks
@@ -195,8 +204,23 @@ class FitLoop:
             warnings.warn("The training dataloader produced no batch; fitting stops.", stacklevel=2)
             return False
         if finished:
+            trained = progress.batches_in_epoch - skip
             self._end_epoch()
+            if progress.global_step == steps_before and trained > 0:
+                raise RuntimeError(self._no_step_message(trained))
         return True
+
+    def _no_step_message(self, batches: int) -> str:
+        skipping = (
+            ", or its step was skipped for a non-finite loss or gradient norm (nonfinite='skip'),"
+            if self.settings.nonfinite == "skip"
+            else ""
+        )
+        return (
+            f"Epoch {self.progress.epoch - 1} made no optimizer step in {batches} batches: training_step returned "
+            f"None{skipping} for every one of them, so the run would never advance (global_step stays at "
+            f"{self.progress.global_step}). Return the loss from training_step."
+        )
 
     def _epoch_batches(self, skip: int) -> Iterator[Any]:
         """The epoch's batch iterator, positioned after ``skip`` batches, with the random generators
@@ -273,8 +297,13 @@ class FitLoop:
     ) -> tuple[Any, bool]:
         output = self._training_step(batch, batch_idx)
         loss = output if type(output) is torch.Tensor else _loss_of(output)
-        if loss is None:
+        self._batch_idx = batch_idx
+        if self._checks_loss:
+            if not self.checks.loss_is_usable(loss, batch_idx):
+                return output, False
+        elif loss is None:
             return output, False
+        assert loss is not None
         # Kept as returned (a detach per step costs more than the rest of this method); read as a float only.
         self.context.last_loss = loss
         self._backward(loss if scale_loss is None else scale_loss(loss))
@@ -286,11 +315,13 @@ class FitLoop:
     def step_optimizers(self) -> None:
         if not self._window_has_grad:
             return
-        clip_val = self.settings.gradient_clip_val
+        if self.settings.gradient_clip_val is not None and not self._clip_gradients(self.settings.gradient_clip_val):
+            for optimizer in self.optimizers:
+                self._zero_grad(optimizer)
+            self._window_has_grad = False
+            return
         step, at_step_boundary = self._step_optimizer, self.at_step_boundary
         for optimizer in self.optimizers:
-            if clip_val is not None:
-                self.strategy.clip_gradients(optimizer, clip_val, self.settings.gradient_clip_algorithm)
             step(optimizer)
             if at_step_boundary is not None:
                 at_step_boundary("after_optimizer_step")
@@ -299,6 +330,16 @@ class FitLoop:
             zero_grad(optimizer)
         self._window_has_grad = False
         self._count_optimizer_step()
+
+    def _clip_gradients(self, clip_val: float) -> bool:
+        """Clip every optimizer's gradients; whether the optimizers may step with them (see
+        :meth:`StepChecks.gradient_norm_is_usable`: the norm clipping computed is checked for free)."""
+        usable = True
+        for optimizer in self.optimizers:
+            norm = self.strategy.clip_gradients(optimizer, clip_val, self.settings.gradient_clip_algorithm)
+            if self._checks_gradient_norm:
+                usable = self.checks.gradient_norm_is_usable(norm, self._batch_idx) and usable
+        return usable
 
     def record_engine_steps(self, output: Any, optimizer_steps: int) -> None:
         loss = _loss_of(output)

@@ -7,7 +7,11 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
+
+NonFinite = Literal["error", "skip", "ignore"]
+"""What a training step with a non-finite loss or gradient norm does: stop the run (``"error"``), be skipped on
+every rank (``"skip"``), or train on (``"ignore"``)."""
 
 
 @dataclass(frozen=True)
@@ -29,6 +33,7 @@ class TrainerSettings:
     deterministic: bool
     seed: int | None
     use_distributed_sampler: bool
+    nonfinite: NonFinite
 
 
 SETTING_NAMES = frozenset(field.name for field in fields(TrainerSettings))
@@ -119,6 +124,11 @@ def parse_settings(options: Mapping[str, Any]) -> TrainerSettings:
         _int(seed, "seed", minimum=0, maximum=MAX_SEED, accepted="None or an int in [0, 2**63 - 1]")
     if not isinstance(use_distributed_sampler, bool):
         raise TypeError(f"use_distributed_sampler={use_distributed_sampler!r} is not valid; expected True or False.")
+    if options["nonfinite"] not in get_args(NonFinite):
+        raise ValueError(
+            f"nonfinite={options['nonfinite']!r} is not valid; expected 'error' (stop at the step), 'skip' (skip "
+            "such steps on every rank) or 'ignore' (train on)."
+        )
     return TrainerSettings(
         **{
             **options,

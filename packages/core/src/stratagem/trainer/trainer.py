@@ -40,7 +40,7 @@ from stratagem.trainer.predict_loop import run_prediction
 from stratagem.trainer.progress import FitProgress, Throughput
 from stratagem.trainer.rng import seed_everything
 from stratagem.trainer.run_context import RunContext
-from stratagem.trainer.settings import SETTING_NAMES, parse_settings
+from stratagem.trainer.settings import SETTING_NAMES, NonFinite, parse_settings
 from stratagem.trainer.worker_output import WorkerOutput
 
 LoggerArgument = bool | str | Logger | Iterable[str | Logger] | None
@@ -67,6 +67,11 @@ class Trainer:
     generator at construction and in every worker; ``deterministic`` turns on torch's
     deterministic algorithms during runs. ``use_distributed_sampler=False`` leaves dataloaders
     as given when the strategy splits data.
+    ``nonfinite``: what a training step whose loss, or gradient norm where ``gradient_clip_val`` has it computed,
+    is NaN or infinite does: ``"error"`` (default) stops the run at that step, before the optimizer steps, naming
+    the step, the batch and the ranks; ``"skip"`` skips that batch's backward (or the optimizer step, for a
+    gradient norm) on every rank and trains on; ``"ignore"`` checks nothing. Every rank of a run must agree on
+    whether a batch gave a loss (``training_step`` returning ``None``); ranks that do not are an error naming them.
     """
 
     def __init__(
@@ -99,6 +104,7 @@ class Trainer:
         deterministic: bool = False,
         seed: int | None = None,
         use_distributed_sampler: bool = True,
+        nonfinite: NonFinite = "error",
     ) -> None:
         # The loop options are the parameters named like TrainerSettings' fields; parse_settings checks them all.
         arguments = locals()
