@@ -11,14 +11,16 @@ from stratagem.exports import lazy_exports
 
 if TYPE_CHECKING:
     from stratagem_fsdp.checkpoint_io import DistributedCheckpointIO
+    from stratagem_fsdp.model_parallel import ModelParallelStrategy
     from stratagem_fsdp.strategy import FSDPStrategy
 
-__all__ = ["DistributedCheckpointIO", "FSDPStrategy", "__version__"]
+__all__ = ["DistributedCheckpointIO", "FSDPStrategy", "ModelParallelStrategy", "__version__"]
 
 __getattr__, __dir__ = lazy_exports(
     __name__,
     {
         "FSDPStrategy": "stratagem_fsdp.strategy",
+        "ModelParallelStrategy": "stratagem_fsdp.model_parallel",
         "DistributedCheckpointIO": "stratagem_fsdp.checkpoint_io",
     },
     "stratagem-fsdp",
