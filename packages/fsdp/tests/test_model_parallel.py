@@ -15,7 +15,11 @@ import stratagem
 from stratagem.testing import DistributedWorkers
 from stratagem_fsdp import ModelParallelStrategy
 
-pytestmark = [pytest.mark.distributed, pytest.mark.timeout(240)]
+pytestmark = [
+    pytest.mark.distributed,
+    pytest.mark.timeout(240),
+    pytest.mark.filterwarnings("ignore:devices=4 starts 4 CPU processes"),
+]
 
 LEARNING_RATE = 0.05
 STEPS = 3
@@ -124,7 +128,10 @@ def _train(layout: dict, clip: float | None = None, save_to: str | None = None) 
         "losses": losses,
         "norms": norms,
         "indices": indices,
-        "coordinates": {name: mesh[name].get_local_rank() for name in ("dp", "dp_replicate", "dp_shard", "tp")},
+        "coordinates": {
+            "dp": dist.get_rank(strategy.data_parallel_group),
+            **{name: mesh[name].get_local_rank() for name in ("dp_replicate", "dp_shard", "tp")},
+        },
         "split_parameters": sorted(
             name for name, parameter in net.named_parameters() if isinstance(parameter, DTensor)
         ),
@@ -146,10 +153,15 @@ def reference():
 
 
 @pytest.fixture(scope="module")
+def clipped_reference():
+    return reference_run(clip=CLIP)
+
+
+@pytest.fixture(scope="module")
 def dp2_tp2(workers, tmp_path_factory):
-    """One (dp_shard=2, tp=2) fit that saves a sharded checkpoint: several checks read it."""
+    """One (dp_shard=2, tp=2) fit, clipping its gradients, that saves a sharded checkpoint: several checks read it."""
     path = tmp_path_factory.mktemp("dp2_tp2") / "checkpoint"
-    return workers.run(_train, {"dp_shard": 2, "tp": 2}, save_to=str(path)), path
+    return workers.run(_train, {"dp_shard": 2, "tp": 2}, clip=CLIP, save_to=str(path)), path
 
 
 def _assert_matches(results, reference) -> None:
@@ -162,10 +174,15 @@ def _assert_matches(results, reference) -> None:
         torch.testing.assert_close(trained[key], value, rtol=1e-4, atol=1e-5)
 
 
-def test_dp_shard_2_by_tp_2_trains_like_one_process_on_the_same_global_batch(dp2_tp2, reference):
+def test_dp_shard_2_by_tp_2_trains_and_clips_like_one_process_on_the_same_global_batch(dp2_tp2, clipped_reference):
     results, _ = dp2_tp2
-    _assert_matches(results, reference)
+    _assert_matches(results, clipped_reference)
     assert "blocks.0.up.weight" in results[0]["split_parameters"]
+    # Clipping took the norm of the whole gradient, over parameters split on (dp_shard, tp) and on dp_shard alone.
+    _, norms, _ = clipped_reference
+    for result in results:
+        assert result["norms"] == pytest.approx(norms, rel=1e-5)
+        assert result["norms"][0] > CLIP
 
 
 def test_the_sampler_splits_over_data_parallel_ranks_only_and_tp_ranks_see_the_same_batch(dp2_tp2):
@@ -187,7 +204,7 @@ def test_the_tp_dimension_is_innermost_so_tensor_parallel_ranks_are_neighbours(d
     assert [(r["coordinates"]["dp"], r["coordinates"]["tp"]) for r in results] == [(0, 0), (0, 1), (1, 0), (1, 1)]
 
 
-def test_a_sharded_dp2_tp2_checkpoint_loads_under_single_device_with_the_trained_weights(dp2_tp2, reference):
+def test_a_sharded_dp2_tp2_checkpoint_loads_under_single_device_with_the_trained_weights(dp2_tp2, clipped_reference):
     results, path = dp2_tp2
     assert path.is_dir()
     strategy = stratagem.resolve(strategy="single_device", accelerator="cpu", devices=1)
@@ -198,18 +215,10 @@ def test_a_sharded_dp2_tp2_checkpoint_loads_under_single_device_with_the_trained
     for key, value in results[0]["weights"].items():
         torch.testing.assert_close(net.state_dict()[key], value, rtol=0, atol=0)
     x, y = global_batches(1, seed=7)[0]
-    _, _, reference_weights = reference
+    _, _, reference_weights = clipped_reference
     expected = Net()
     expected.load_state_dict(reference_weights)
     assert net.training_step((x, y)).item() == pytest.approx(expected.training_step((x, y)).item(), abs=1e-5)
-
-
-def test_clipping_over_dtensor_gradients_matches_one_process_clipping(workers):
-    losses, norms, weights = reference_run(clip=CLIP)
-    results = workers.run(_train, {"dp_shard": 2, "tp": 2}, clip=CLIP)
-    _assert_matches(results, (losses, norms, weights))
-    for result in results:
-        assert result["norms"] == pytest.approx(norms, rel=1e-5)
 
 
 def test_hsdp_dp_replicate_2_by_dp_shard_2_trains_like_one_process(workers, reference):
@@ -244,3 +253,7 @@ def test_lightning_spellings_and_defaults_give_the_same_layouts():
     assert lightning.distributed_sampler_kwargs == {"num_replicas": 2, "rank": 0}
     full = ModelParallelStrategy(tp=2, save_distributed_checkpoint=False)
     assert full.state_dict_type == "full"
+
+
+def test_a_module_outside_a_run_has_no_device_mesh():
+    assert stratagem.Module().device_mesh is None

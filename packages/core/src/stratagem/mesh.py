@@ -77,11 +77,13 @@ class MeshLayout:
             return self
         if rest:
             problem = f"the other sizes multiply to {given}, which does not divide the {world_size} processes"
+            fits = f"Give sizes whose product divides {world_size}"
         else:
             problem = f"they multiply to {given}, not to the {world_size} processes"
+            fits = f"Give sizes whose product is {world_size}, or set one of them to -1"
         raise ValueError(
             f"The mesh layout ({described}) does not fit the run: {problem} (devices x num_nodes = {world_size}). "
-            f"Give sizes whose product is {world_size}, or set one of them to -1."
+            f"{fits}."
         )
 
     @property
@@ -93,16 +95,16 @@ class MeshLayout:
         """This rank's place among the data-parallel ranks: its coordinate on the flattened ``"dp"`` submesh."""
         return global_rank // int(self.tp)
 
-    def build(self, device_type: str) -> DeviceMesh:
-        """The layout as a ``DeviceMesh`` over the joined process group, with the flattened ``"dp"`` submesh.
+    def build(self, device_type: str) -> tuple[DeviceMesh, DeviceMesh]:
+        """The layout as a ``DeviceMesh`` over the joined process group, and its flattened ``"dp"`` submesh.
 
         Every dimension is kept, size 1 too, so that ``mesh["tp"]`` exists whatever the sizes.
         """
         from torch.distributed.device_mesh import init_device_mesh
 
         mesh = init_device_mesh(device_type, self.shape, mesh_dim_names=self.dim_names)
-        mesh["dp_replicate", "dp_shard"]._flatten(DATA_PARALLEL)
-        return mesh
+        # Kept, not looked up again as mesh["dp"]: torch deprecates slicing a flattened dimension from the root.
+        return mesh, mesh["dp_replicate", "dp_shard"]._flatten(DATA_PARALLEL)
 
     def __str__(self) -> str:
         return ", ".join(f"{name}={getattr(self, name)}" for name in self.dim_names)

@@ -134,7 +134,9 @@ class ModelParallelStrategy(FSDPStrategy):
         )
 
 
-def _one_spelling(name: str, value: Degree | None, lightning_name: str, lightning_value: Degree | None) -> Degree | None:
+def _one_spelling(
+    name: str, value: Degree | None, lightning_name: str, lightning_value: Degree | None
+) -> Degree | None:
     if value is not None and lightning_value is not None:
         raise ValueError(
             f"ModelParallelStrategy got both {name}={value!r} and {lightning_name}={lightning_value!r} (Lightning's "

@@ -17,7 +17,7 @@ from stratagem.checkpoint_io import CheckpointIO, PathLike
 from stratagem.environments.cluster_environment import ClusterEnvironment
 from stratagem.launchers import Launcher, check_start_method, create_launcher
 from stratagem.launchers.rendezvous import check_placement
-from stratagem.mesh import DATA_PARALLEL, MeshLayout
+from stratagem.mesh import MeshLayout
 from stratagem.precision import Precision
 from stratagem.strategies._backend_threads import wait_for_idle_gloo_workers
 from stratagem.strategies._process_group import ArrivalLog, join, join_timeout
@@ -103,6 +103,7 @@ class ParallelStrategy(Strategy, ABC):
         # A subclass that composes parallelisms sets a layout here; without one, every rank is a data rank.
         self._mesh_layout: MeshLayout | None = None
         self._mesh: DeviceMesh | None = None
+        self._data_parallel_mesh: DeviceMesh | None = None
 
     def configure_placement(
         self, *, devices: list[torch.device], num_nodes: int, cluster_environment: ClusterEnvironment
@@ -183,7 +184,7 @@ class ParallelStrategy(Strategy, ABC):
 
     @property
     def data_parallel_group(self) -> Any:
-        return None if self._mesh is None else self._mesh[DATA_PARALLEL].get_group()
+        return None if self._data_parallel_mesh is None else self._data_parallel_mesh.get_group()
 
     @property
     def distributed_sampler_kwargs(self) -> dict[str, int] | None:
@@ -198,7 +199,7 @@ class ParallelStrategy(Strategy, ABC):
         super().setup_environment()
         self.init_dist_connection()
         if self._mesh_layout is not None:
-            self._mesh = self._mesh_layout.build(self.root_device.type)
+            self._mesh, self._data_parallel_mesh = self._mesh_layout.build(self.root_device.type)
 
     def init_dist_connection(self) -> None:
         """Join the process group described by the cluster environment (no-op if already joined).
@@ -352,7 +353,7 @@ class ParallelStrategy(Strategy, ABC):
             wait_for_idle_gloo_workers()
         self._created_process_group = False
         self._arrivals = None
-        self._mesh = None
+        self._mesh = self._data_parallel_mesh = None
         if self.cluster_environment is not None:
             self.cluster_environment.teardown()
 
