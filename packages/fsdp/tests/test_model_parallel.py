@@ -25,7 +25,8 @@ LEARNING_RATE = 0.05
 STEPS = 3
 GLOBAL_BATCH = 8
 CLIP = 0.05
-# Measured: the largest loss difference from one process is about 1e-7 (reduction order of the sharded sums).
+# Measured over these 3 steps: losses differ from one process's by at most 2.4e-7 (HSDP) and 6e-8
+# (dp_shard=2 x tp=2), clipped norms by 7e-8 relative: the order of the sharded sums.
 LOSS_TOLERANCE = 1e-5
 
 

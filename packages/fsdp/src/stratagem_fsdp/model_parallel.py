@@ -97,7 +97,7 @@ class ModelParallelStrategy(FSDPStrategy):
         return self._mesh_layout
 
     def _create_device_mesh(self) -> DeviceMesh:
-        mesh = self._mesh
+        mesh = self._layout_mesh
         if mesh is None:
             raise RuntimeError("ModelParallelStrategy builds its device mesh in setup_environment().")
         return mesh

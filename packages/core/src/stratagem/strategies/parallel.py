@@ -102,8 +102,8 @@ class ParallelStrategy(Strategy, ABC):
         self._arrivals: ArrivalLog | None = None
         # A subclass that composes parallelisms sets a layout here; without one, every rank is a data rank.
         self._mesh_layout: MeshLayout | None = None
-        self._mesh: DeviceMesh | None = None
-        self._data_parallel_mesh: DeviceMesh | None = None
+        self._layout_mesh: DeviceMesh | None = None
+        self._layout_data_parallel_mesh: DeviceMesh | None = None
 
     def configure_placement(
         self, *, devices: list[torch.device], num_nodes: int, cluster_environment: ClusterEnvironment
@@ -178,13 +178,13 @@ class ParallelStrategy(Strategy, ABC):
     def device_mesh(self) -> DeviceMesh | None:
         if self._mesh_layout is None:
             return None
-        if self._mesh is None:
+        if self._layout_mesh is None:
             raise RuntimeError(f"{type(self).__name__}.device_mesh exists once setup_environment() ran in the worker.")
-        return self._mesh
+        return self._layout_mesh
 
     @property
     def data_parallel_group(self) -> Any:
-        return None if self._data_parallel_mesh is None else self._data_parallel_mesh.get_group()
+        return None if self._layout_data_parallel_mesh is None else self._layout_data_parallel_mesh.get_group()
 
     @property
     def distributed_sampler_kwargs(self) -> dict[str, int] | None:
@@ -199,7 +199,7 @@ class ParallelStrategy(Strategy, ABC):
         super().setup_environment()
         self.init_dist_connection()
         if self._mesh_layout is not None:
-            self._mesh, self._data_parallel_mesh = self._mesh_layout.build(self.root_device.type)
+            self._layout_mesh, self._layout_data_parallel_mesh = self._mesh_layout.build(self.root_device.type)
 
     def init_dist_connection(self) -> None:
         """Join the process group described by the cluster environment (no-op if already joined).
@@ -353,7 +353,7 @@ class ParallelStrategy(Strategy, ABC):
             wait_for_idle_gloo_workers()
         self._created_process_group = False
         self._arrivals = None
-        self._mesh = self._data_parallel_mesh = None
+        self._layout_mesh = self._layout_data_parallel_mesh = None
         if self.cluster_environment is not None:
             self.cluster_environment.teardown()
 
