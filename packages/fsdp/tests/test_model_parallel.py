@@ -142,6 +142,20 @@ def _train(layout: dict, clip: float | None = None, save_to: str | None = None) 
     }
 
 
+def _initial_weights_with_ranks_seeded_apart() -> dict:
+    """Built normally (not on the meta device) with every rank seeded differently, split, set up twice."""
+    strategy = make_strategy(dp_shard=2, tp=2)
+    torch.manual_seed(dist.get_rank())
+    with strategy.module_init_context(empty_init=False):
+        net = Net()
+    split_feed_forwards(net, strategy.device_mesh["tp"])
+    strategy.setup_module(net)
+    first = strategy.module_full_state_dict()
+    # A second run in the same process (fit, then validate) sets up the sharded module again.
+    strategy.setup_module(net)
+    return {"first": first, "again": strategy.module_full_state_dict()}
+
+
 @pytest.fixture(scope="module")
 def workers():
     with DistributedWorkers(4, env={"OMP_NUM_THREADS": "1"}) as pool:
@@ -227,6 +241,15 @@ def test_hsdp_dp_replicate_2_by_dp_shard_2_trains_like_one_process(workers, refe
     _assert_matches(results, reference)
     assert sorted(result["coordinates"]["dp"] for result in results) == [0, 1, 2, 3]
     assert all(result["logged_sum"] == 4 for result in results)
+
+
+def test_split_layers_built_on_ranks_seeded_apart_start_from_rank_zeros_weights(workers):
+    [result, *_] = workers.run(_initial_weights_with_ranks_seeded_apart)
+    torch.manual_seed(0)
+    expected = Net().state_dict()
+    for name, value in expected.items():
+        assert torch.equal(result["first"][name], value), name
+        assert torch.equal(result["again"][name], value), name
 
 
 @pytest.mark.parametrize(

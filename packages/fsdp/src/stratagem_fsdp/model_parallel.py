@@ -124,7 +124,9 @@ class ModelParallelStrategy(FSDPStrategy):
         source = dist.get_global_rank(group, 0)
         with torch.no_grad():
             for tensor in (*module.parameters(), *module.buffers()):
-                if isinstance(tensor, DTensor) and not tensor.is_meta:
+                # Tensors already sharded over data-parallel ranks (a module set up before, or sharded by hand in
+                # configure_model) hold a different piece on each of them, and are left alone.
+                if isinstance(tensor, DTensor) and not tensor.is_meta and _split_over_tp_only(tensor):
                     dist.broadcast(tensor.to_local(), src=source, group=group)
 
     def __repr__(self) -> str:
@@ -143,3 +145,7 @@ def _one_spelling(
             f"name for {name}); pass one."
         )
     return lightning_value if value is None else value
+
+
+def _split_over_tp_only(tensor: DTensor) -> bool:
+    return set(tensor.device_mesh.mesh_dim_names or ()) <= {"tp"}
