@@ -40,7 +40,8 @@ def _total_norm(groups: list[list[torch.nn.Parameter]], norm_type: float) -> tor
 
     norms = []
     for group in groups:
-        norm = torch.nn.utils.get_total_norm([parameter.grad for parameter in group], norm_type)
+        gradients = [parameter.grad for parameter in group if parameter.grad is not None]
+        norm = torch.nn.utils.get_total_norm(gradients, norm_type)
         norms.append(norm.full_tensor() if isinstance(norm, DTensor) else norm)
     device = norms[0].device if norms else torch.device("cpu")
     return torch.nn.utils.get_total_norm([norm.to(device) for norm in norms], norm_type)
