@@ -114,6 +114,8 @@ def fit_test_predict(strategy: str, accelerator: str, devices: int, precision: s
         "val_loss": float(validated["val_loss"]),
         "test_loss": float(tested["test_loss"]),
         "predicted_batches": len(predictions),
+        # Ranks that split one model (tensor parallelism) predict the same batches: the data splits over fewer.
+        "data_parallel_size": (trainer.strategy.distributed_sampler_kwargs or {}).get("num_replicas"),
         "predictions_finite": all(torch.isfinite(torch.as_tensor(batch).float()).all() for batch in predictions),
     }
 

@@ -132,7 +132,7 @@ def test_fit_then_validate_test_predict_in_sequence(runs, source):
     assert math.isfinite(outcome["val_loss"]), outcome
     assert math.isfinite(outcome["test_loss"]), outcome
     assert outcome["predictions_finite"]
-    per_rank = matrix_runs.SAMPLES // matrix_runs.BATCH_SIZE // case.devices
+    per_rank = matrix_runs.SAMPLES // matrix_runs.BATCH_SIZE // (outcome["data_parallel_size"] or case.devices)
     assert outcome["predicted_batches"] == per_rank
 
 

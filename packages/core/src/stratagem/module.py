@@ -14,6 +14,8 @@ from torch import nn
 from stratagem.module_loading import HyperParameters, init_arguments, load_module
 
 if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+
     from stratagem.trainer.metrics import ReduceFx
     from stratagem.trainer.run_context import RunContext
     from stratagem.trainer.trainer import Trainer
@@ -66,6 +68,13 @@ class Module(nn.Module):
     def global_rank(self) -> int:
         """Rank of this process among all processes of the run (0 outside a run)."""
         return self._trainer.global_rank if self._trainer is not None else 0
+
+    @property
+    def device_mesh(self) -> DeviceMesh | None:
+        """The run's named device mesh, for splitting layers in :meth:`configure_model`
+        (``parallelize_module(self.model, self.device_mesh["tp"], plan)``); ``None`` outside a run or when the
+        strategy has none (see :attr:`stratagem.strategies.Strategy.device_mesh`)."""
+        return self._trainer.strategy.device_mesh if self._trainer is not None else None
 
     def __getstate__(self) -> dict[str, Any]:
         # The Trainer re-attaches itself in every worker; pickling it along with the module

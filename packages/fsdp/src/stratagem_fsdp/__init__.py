@@ -12,14 +12,22 @@ from stratagem.exports import lazy_exports
 if TYPE_CHECKING:
     from stratagem_fsdp.async_checkpoint_io import AsyncDistributedCheckpointIO
     from stratagem_fsdp.checkpoint_io import DistributedCheckpointIO
+    from stratagem_fsdp.model_parallel import ModelParallelStrategy
     from stratagem_fsdp.strategy import FSDPStrategy
 
-__all__ = ["AsyncDistributedCheckpointIO", "DistributedCheckpointIO", "FSDPStrategy", "__version__"]
+__all__ = [
+    "AsyncDistributedCheckpointIO",
+    "DistributedCheckpointIO",
+    "FSDPStrategy",
+    "ModelParallelStrategy",
+    "__version__",
+]
 
 __getattr__, __dir__ = lazy_exports(
     __name__,
     {
         "FSDPStrategy": "stratagem_fsdp.strategy",
+        "ModelParallelStrategy": "stratagem_fsdp.model_parallel",
         "DistributedCheckpointIO": "stratagem_fsdp.checkpoint_io",
         "AsyncDistributedCheckpointIO": "stratagem_fsdp.async_checkpoint_io",
     },

@@ -23,6 +23,13 @@ def register_strategies(registry: Registry) -> None:
         ("fsdp_fork", {"start_method": "fork"}, "fsdp with ranks forked from the calling process (notebooks)."),
     ):
         registry.register(name, _STRATEGY, description=description, requires=_REQUIRES, defaults=defaults)
+    registry.register(
+        "model_parallel",
+        "stratagem_fsdp.model_parallel:ModelParallelStrategy",
+        description="Tensor parallel (your plan on self.device_mesh['tp']) composed with fully_shard (and HSDP) on one "
+        "device mesh: dp_replicate x dp_shard x tp.",
+        requires=_REQUIRES,
+    )
 
 
 def register_checkpoint_io(registry: Registry) -> None:

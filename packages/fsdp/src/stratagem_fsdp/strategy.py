@@ -8,7 +8,7 @@ import warnings
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Literal, cast
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -196,11 +196,18 @@ class FSDPStrategy(ParallelStrategy, BackwardSyncControl):
         super().setup_environment()
         if self.releases_host_memory:
             release_freed_host_memory()
-        layout = self._configured_layout
-        self._device_mesh = init_device_mesh(
-            self.root_device.type, layout.mesh_shape, mesh_dim_names=layout.mesh_dim_names
-        )
+        self._device_mesh = self._create_device_mesh()
         self._make_grad_scaler_shard_aware()
+
+    def _create_device_mesh(self) -> DeviceMesh:
+        """The mesh :attr:`device_mesh` names; a strategy composing more parallelisms builds a larger one."""
+        layout = self._configured_layout
+        return init_device_mesh(self.root_device.type, layout.mesh_shape, mesh_dim_names=layout.mesh_dim_names)
+
+    @property
+    def _sharding_mesh(self) -> DeviceMesh:
+        """The (sub)mesh ``fully_shard`` shards over: one dimension, or ``(replicate, shard)`` for hybrid sharding."""
+        return self.device_mesh
 
     def _make_grad_scaler_shard_aware(self) -> None:
         """Swap the precision's gradient scaler (``"16-mixed"``) for one that agrees on overflow across ranks.
@@ -251,7 +258,7 @@ class FSDPStrategy(ParallelStrategy, BackwardSyncControl):
         }
         # A module built normally holds each rank's own draw; sharding would keep a slice of each.
         broadcast_from_rank_zero(module, self.root_device)
-        root = shard_module(module, self._auto_wrap, self.device_mesh, unit_kwargs, root_kwargs)
+        root = shard_module(module, self._auto_wrap, self._sharding_mesh, unit_kwargs, root_kwargs)
         if has_meta_tensors(root):
             offloaded = isinstance(self._configured_offload_policy, CPUOffloadPolicy)
             storage = torch.device("cpu") if offloaded else self.root_device
@@ -287,21 +294,6 @@ class FSDPStrategy(ParallelStrategy, BackwardSyncControl):
             yield
         finally:
             root.set_requires_gradient_sync(True)
-
-    def clip_gradients(
-        self, optimizer: Optimizer, clip_val: float, algorithm: Literal["norm", "value"] = "norm"
-    ) -> torch.Tensor | None:
-        self.precision.unscale_gradients(optimizer)
-        parameters = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
-        if algorithm == "value":
-            torch.nn.utils.clip_grad_value_(parameters, clip_val)
-            return None
-        # Each rank holds a shard of every gradient: the norm of the whole gradient needs their sum.
-        norm = torch.nn.utils.get_total_norm([p.grad for p in parameters])
-        if isinstance(norm, DTensor):
-            norm = norm.full_tensor()
-        torch.nn.utils.clip_grads_with_norm_(parameters, clip_val, norm)
-        return norm
 
     # -- checkpoints ------------------------------------------------------------------------
 

@@ -6,16 +6,18 @@ import os
 from abc import ABC
 from collections.abc import Callable, Iterator
 from datetime import timedelta
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 import torch
 import torch.distributed as dist
+from torch.optim import Optimizer
 
 from stratagem.accelerators import Accelerator
 from stratagem.checkpoint_io import CheckpointIO, PathLike
 from stratagem.environments.cluster_environment import ClusterEnvironment
 from stratagem.launchers import Launcher, check_start_method, create_launcher
 from stratagem.launchers.rendezvous import check_placement
+from stratagem.mesh import MeshLayout
 from stratagem.precision import Precision
 from stratagem.strategies._backend_threads import wait_for_idle_gloo_workers
 from stratagem.strategies._process_group import ArrivalLog, join, join_timeout
@@ -25,7 +27,11 @@ from stratagem.strategies._process_group_options import (
     check_timeout,
 )
 from stratagem.strategies.collective_arguments import reduce_operation
+from stratagem.strategies.gradient_norm import clip_gradients_by_norm, has_distributed_tensors
 from stratagem.strategies.strategy import ReduceOp, Strategy, StrategyOptions
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
 
 DEFAULT_TIMEOUT = timedelta(minutes=30)
 
@@ -94,6 +100,10 @@ class ParallelStrategy(Strategy, ABC):
         self.num_nodes = 1
         self._created_process_group = False
         self._arrivals: ArrivalLog | None = None
+        # A subclass that composes parallelisms sets a layout here; without one, every rank is a data rank.
+        self._mesh_layout: MeshLayout | None = None
+        self._layout_mesh: DeviceMesh | None = None
+        self._layout_data_parallel_mesh: DeviceMesh | None = None
 
     def configure_placement(
         self, *, devices: list[torch.device], num_nodes: int, cluster_environment: ClusterEnvironment
@@ -105,6 +115,8 @@ class ParallelStrategy(Strategy, ABC):
         self.cluster_environment.validate_settings(len(self.parallel_devices), num_nodes)
         self._set_world_ranks()
         check_placement(self.cluster_environment, len(self.parallel_devices), num_nodes)
+        if self._mesh_layout is not None:
+            self._mesh_layout = self._mesh_layout.resolved(len(self.parallel_devices) * num_nodes)
         join_timeout()
 
     @property
@@ -157,13 +169,37 @@ class ParallelStrategy(Strategy, ABC):
         return self.parallel_devices[self.local_rank]
 
     @property
+    def mesh_layout(self) -> MeshLayout | None:
+        """The parallel layout this strategy runs (resolved against the world size once configured), or ``None``
+        when every rank is a data-parallel rank."""
+        return self._mesh_layout
+
+    @property
+    def device_mesh(self) -> DeviceMesh | None:
+        if self._mesh_layout is None:
+            return None
+        if self._layout_mesh is None:
+            raise RuntimeError(f"{type(self).__name__}.device_mesh exists once setup_environment() ran in the worker.")
+        return self._layout_mesh
+
+    @property
+    def data_parallel_group(self) -> Any:
+        return None if self._layout_data_parallel_mesh is None else self._layout_data_parallel_mesh.get_group()
+
+    @property
     def distributed_sampler_kwargs(self) -> dict[str, int] | None:
+        layout = self._mesh_layout
+        if layout is not None:
+            # Ranks of one tensor-parallel group compute on the same batch.
+            return {"num_replicas": layout.data_parallel_size, "rank": layout.data_parallel_rank(self.global_rank)}
         return {"num_replicas": self.world_size, "rank": self.global_rank}
 
     def setup_environment(self) -> None:
         self._set_world_ranks()
         super().setup_environment()
         self.init_dist_connection()
+        if self._mesh_layout is not None:
+            self._layout_mesh, self._layout_data_parallel_mesh = self._mesh_layout.build(self.root_device.type)
 
     def init_dist_connection(self) -> None:
         """Join the process group described by the cluster environment (no-op if already joined).
@@ -272,6 +308,15 @@ class ParallelStrategy(Strategy, ABC):
                 "(for example, it runs different code or is stuck)."
             ) from error
 
+    def clip_gradients(
+        self, optimizer: Optimizer, clip_val: float, algorithm: Literal["norm", "value"] = "norm"
+    ) -> torch.Tensor | None:
+        parameters = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+        if algorithm == "value" or not has_distributed_tensors([p.grad for p in parameters]):
+            return super().clip_gradients(optimizer, clip_val, algorithm)
+        self.precision.unscale_gradients(optimizer)
+        return clip_gradients_by_norm(parameters, clip_val)
+
     # -- checkpoints ------------------------------------------------------------------------
 
     def save_checkpoint(self, path: PathLike, state: dict[str, Any]) -> None:
@@ -345,6 +390,7 @@ class ParallelStrategy(Strategy, ABC):
             wait_for_idle_gloo_workers()
         self._created_process_group = False
         self._arrivals = None
+        self._layout_mesh = self._layout_data_parallel_mesh = None
         if self.cluster_environment is not None:
             self.cluster_environment.teardown()
 

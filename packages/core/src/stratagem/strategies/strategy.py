@@ -7,7 +7,7 @@ import functools
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal, TypedDict
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypedDict
 
 import torch
 from torch import nn
@@ -25,6 +25,9 @@ from stratagem.strategies.capabilities import adopt_legacy_capabilities
 from stratagem.strategies.constructor_signature import check_option_names, signature_with_forwarded_options
 from stratagem.strategies.init_contexts import skip_parameter_init
 from stratagem.strategies.memory import MemoryEstimate, ModelFootprint, replicated_estimate
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
 
 ReduceOp = Literal["sum", "mean", "max", "min"]
 
@@ -210,6 +213,18 @@ class Strategy(ABC):
     @property
     def distributed_sampler_kwargs(self) -> dict[str, int] | None:
         """``num_replicas``/``rank`` for a DistributedSampler, or ``None`` when data is not split."""
+        return None
+
+    @property
+    def device_mesh(self) -> DeviceMesh | None:
+        """The run's named device mesh (see :mod:`stratagem.mesh`), in the worker once :meth:`setup_environment`
+        ran; ``None`` for a strategy that has none. A module reads it as ``self.device_mesh`` in ``configure_model``."""
+        return None
+
+    @property
+    def data_parallel_group(self) -> Any:
+        """The process group of the ranks that see different data, which logged values (``sync_dist``) are reduced
+        over; ``None`` when that is every rank. Ranks that split a model (tensor parallelism) share their data."""
         return None
 
     def connect_loop_settings(self, settings: LoopSettings) -> None:

@@ -58,11 +58,11 @@ class _EpochAggregate:
         if self.reduce_fx == "mean":
             weight = torch.tensor(float(self.weight), device=total.device)
             if self.sync_dist:
-                total = strategy.reduce(total, op="sum")
-                weight = strategy.reduce(weight, op="sum")
+                total = strategy.reduce(total, op="sum", group=strategy.data_parallel_group)
+                weight = strategy.reduce(weight, op="sum", group=strategy.data_parallel_group)
             return total / weight
         if self.sync_dist:
-            return strategy.reduce(total, op=self.reduce_fx)
+            return strategy.reduce(total, op=self.reduce_fx, group=strategy.data_parallel_group)
         return total
 
 
@@ -128,7 +128,7 @@ class LoggedMetrics:
             name = name + self.suffix
         if stage == "train_epoch":
             # At the end of an epoch there is nothing left to aggregate over: the value counts now.
-            epoch_value = self._strategy.reduce(tensor, op=fx) if sync_dist else tensor
+            epoch_value = self._reduce(tensor, fx) if sync_dist else tensor
             self.callback_metrics[name] = epoch_value
             if prog_bar:
                 self.prog_bar_keys[name] = None
@@ -136,7 +136,7 @@ class LoggedMetrics:
                 self._epoch_end_values[name] = epoch_value
             return
         if on_step:
-            step_value = self._strategy.reduce(tensor, op=fx) if sync_dist else tensor
+            step_value = self._reduce(tensor, fx) if sync_dist else tensor
             key = f"{name}_step" if on_epoch else name
             self.callback_metrics[key] = step_value
             if logger:
@@ -202,6 +202,10 @@ class LoggedMetrics:
         if self.strategy is None:
             raise RuntimeError("metrics are not connected to a strategy")
         return self.strategy
+
+    def _reduce(self, tensor: torch.Tensor, fx: ReduceFx) -> torch.Tensor:
+        # Over the ranks that saw different data: tensor-parallel ranks log the same value, which a sum must count once.
+        return self._strategy.reduce(tensor, op=fx, group=self._strategy.data_parallel_group)
 
 
 def _as_tensor(value: Any, name: str) -> torch.Tensor:

@@ -1,0 +1,110 @@
+"""A named parallel layout: how a run's ranks are divided between data and tensor parallelism.
+
+A layout is checked in the calling process, against the run's world size, before any process
+starts (:meth:`MeshLayout.resolved`); every worker then builds it once as a torch ``DeviceMesh``
+(:meth:`MeshLayout.build`) with named dimensions, tensor parallelism innermost so that the ranks
+of one tensor-parallel group are neighbours (on one node where they can be):
+
+- ``"dp_replicate"``: groups that hold whole copies and all-reduce gradients (HSDP's replicas);
+- ``"dp_shard"``: ranks that shard parameters, gradients and optimizer state (FSDP);
+- ``"tp"``: ranks that split each layer's tensors (tensor parallelism);
+- ``"dp"``: ``dp_replicate`` and ``dp_shard`` flattened, the ranks that see different data.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields, replace
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+
+Degree = int | Literal["auto"]
+"""A dimension's size: a positive int, or ``-1`` / ``"auto"`` for the ranks the other dimensions leave."""
+
+DATA_PARALLEL = "dp"
+"""The name of the flattened data-parallel submesh."""
+
+
+@dataclass(frozen=True)
+class MeshLayout:
+    """The sizes of a run's parallel dimensions; their product is the world size (``devices x num_nodes``).
+
+    At most one dimension is ``-1`` (or ``"auto"``): it takes the ranks the others leave.
+    """
+
+    dp_replicate: Degree = 1
+    dp_shard: Degree = -1
+    tp: Degree = 1
+
+    def __post_init__(self) -> None:
+        for dimension in fields(self):
+            value = getattr(self, dimension.name)
+            if value == "auto":
+                object.__setattr__(self, dimension.name, -1)
+            elif isinstance(value, bool) or not isinstance(value, int) or (value < 1 and value != -1):
+                raise ValueError(
+                    f"{dimension.name}={value!r} is not a valid mesh size; expected a positive int, or -1 / 'auto' "
+                    "for the ranks the other dimensions leave."
+                )
+        rest = [name for name in self.dim_names if getattr(self, name) == -1]
+        if len(rest) > 1:
+            raise ValueError(
+                f"{' and '.join(f'{name}=-1' for name in rest)}: at most one mesh dimension may take the ranks "
+                "that are left; give the others as sizes."
+            )
+
+    @property
+    def dim_names(self) -> tuple[str, ...]:
+        """The mesh's dimensions, outermost first."""
+        return tuple(dimension.name for dimension in fields(self))
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(int(getattr(self, name)) for name in self.dim_names)
+
+    def resolved(self, world_size: int) -> MeshLayout:
+        """This layout with ``-1`` replaced by the ranks that are left; ``ValueError`` when it cannot fill
+        ``world_size`` ranks."""
+        sizes = {name: int(getattr(self, name)) for name in self.dim_names}
+        given = math.prod(size for size in sizes.values() if size != -1)
+        described = ", ".join(f"{name}={size}" for name, size in sizes.items())
+        rest = [name for name, size in sizes.items() if size == -1]
+        if rest and world_size % given == 0:
+            return replace(self, **{rest[0]: world_size // given})
+        if not rest and given == world_size:
+            return self
+        if rest:
+            problem = f"the other sizes multiply to {given}, which does not divide the {world_size} processes"
+            fits = f"Give sizes whose product divides {world_size}"
+        else:
+            problem = f"they multiply to {given}, not to the {world_size} processes"
+            fits = f"Give sizes whose product is {world_size}, or set one of them to -1"
+        raise ValueError(
+            f"The mesh layout ({described}) does not fit the run: {problem} (devices x num_nodes = {world_size}). "
+            f"{fits}."
+        )
+
+    @property
+    def data_parallel_size(self) -> int:
+        """How many ranks see different data (``dp_replicate x dp_shard``); call on a :meth:`resolved` layout."""
+        return int(self.dp_replicate) * int(self.dp_shard)
+
+    def data_parallel_rank(self, global_rank: int) -> int:
+        """This rank's place among the data-parallel ranks: its coordinate on the flattened ``"dp"`` submesh."""
+        return global_rank // int(self.tp)
+
+    def build(self, device_type: str) -> tuple[DeviceMesh, DeviceMesh]:
+        """The layout as a ``DeviceMesh`` over the joined process group, and its flattened ``"dp"`` submesh.
+
+        Every dimension is kept, size 1 too, so that ``mesh["tp"]`` exists whatever the sizes.
+        """
+        from torch.distributed.device_mesh import init_device_mesh
+
+        mesh = init_device_mesh(device_type, self.shape, mesh_dim_names=self.dim_names)
+        # Kept, not looked up again as mesh["dp"]: torch deprecates slicing a flattened dimension from the root.
+        return mesh, mesh["dp_replicate", "dp_shard"]._flatten(DATA_PARALLEL)
+
+    def __str__(self) -> str:
+        return ", ".join(f"{name}={getattr(self, name)}" for name in self.dim_names)

@@ -1,0 +1,43 @@
+"""The named parallel layout: sizes checked against the world size, and the data-parallel coordinates."""
+
+import pytest
+
+from stratagem.mesh import MeshLayout
+
+
+def test_minus_one_and_auto_take_the_ranks_the_other_dimensions_leave():
+    assert MeshLayout(dp_shard=-1, tp=2).resolved(8).shape == (1, 4, 2)
+    assert MeshLayout(dp_replicate="auto", dp_shard=2, tp=2).resolved(8).shape == (2, 2, 2)
+    assert MeshLayout(dp_replicate=2, dp_shard=2, tp=1).resolved(4).shape == (2, 2, 1)
+
+
+def test_data_parallel_ranks_count_tensor_parallel_neighbours_once():
+    layout = MeshLayout(dp_replicate=2, dp_shard=2, tp=2).resolved(8)
+    assert layout.data_parallel_size == 4
+    assert [layout.data_parallel_rank(rank) for rank in range(8)] == [0, 0, 1, 1, 2, 2, 3, 3]
+
+
+@pytest.mark.parametrize(
+    ("sizes", "world_size", "message"),
+    [
+        ({"dp_shard": 3, "tp": 2}, 4, r"\(dp_replicate=1, dp_shard=3, tp=2\).*multiply to 6, not to the 4 processes"),
+        ({"dp_shard": -1, "tp": 3}, 4, r"multiply to 3, which does not divide the 4 processes"),
+    ],
+)
+def test_a_layout_that_does_not_fill_the_world_names_its_sizes_and_what_fits(sizes, world_size, message):
+    with pytest.raises(ValueError, match=message):
+        MeshLayout(**sizes).resolved(world_size)
+
+
+@pytest.mark.parametrize(
+    ("sizes", "message"),
+    [
+        ({"tp": 0}, r"tp=0 is not a valid mesh size; expected a positive int, or -1 / 'auto'"),
+        ({"dp_shard": 2.0}, r"dp_shard=2.0 is not a valid mesh size"),
+        ({"tp": True}, r"tp=True is not a valid mesh size"),
+        ({"dp_replicate": -1, "dp_shard": -1}, r"dp_replicate=-1 and dp_shard=-1: at most one"),
+    ],
+)
+def test_invalid_sizes_are_refused_when_the_layout_is_made(sizes, message):
+    with pytest.raises(ValueError, match=message):
+        MeshLayout(**sizes)
