@@ -101,19 +101,23 @@ def test_bf16_runs_the_module_in_bf16(workers):
     assert workers.run(_module_dtype_under_bf16, 2) == ["torch.bfloat16", "torch.bfloat16"]
 
 
-def _partitioning_under_zero_init() -> tuple[list[int], int, int]:
+def _partitioning_of_a_module_built_in_the_init_context() -> tuple[bool, list[int], int, int]:
     strategy = create_strategy("deepspeed_stage_3")
     with strategy.module_init_context():
         model = torch.nn.Linear(64, 32)
+    built_on_meta = all(parameter.is_meta for parameter in model.parameters())
+    strategy.setup_module(model)
     shapes = [parameter.numel() for parameter in model.parameters()]
     held = sum(parameter.ds_tensor.numel() for parameter in model.parameters())
     total = sum(parameter.ds_numel for parameter in model.parameters())
-    return shapes, held, total
+    return built_on_meta, shapes, held, total
 
 
-def test_stage_3_builds_the_module_partitioned_each_rank_holding_half(workers):
-    for shapes, held, total in workers.run(_partitioning_under_zero_init):
-        assert shapes == [0, 0], "parameters are partitioned as they are created"
+def test_stage_3_builds_the_module_on_rank_zero_and_partitions_it_each_rank_holding_half(workers):
+    results = workers.run(_partitioning_of_a_module_built_in_the_init_context)
+    assert [built_on_meta for built_on_meta, *_ in results] == [False, True], "only rank 0 builds it"
+    for _, shapes, held, total in results:
+        assert shapes == [0, 0], "setup_module partitions the parameters"
         assert total == 64 * 32 + 32
         assert held == total // 2
 
