@@ -307,22 +307,15 @@ class DeepSpeedStrategy(ParallelStrategy, OwnsAccumulation):
             with super().module_init_context(empty_init):
                 yield
             return
-        if not empty_init:
-            # Initialised weights: rank 0 builds the module eagerly and setup_module partitions rank 0's values
-            # (see rank_zero_partition for why not zero.Init).
-            self._built_on_rank_zero = True
-            with rank_zero_build(self.is_global_zero), self.precision.module_init_context():
-                yield
-            return
-        # zero.Init replaces torch's tensor constructors while it is open. torch._dynamo, imported for the first
-        # time inside it (as `from transformers import ...` does), checks their signatures and raises a TypeError.
-        import torch._dynamo  # noqa: F401
-
+        # Rank 0 builds the module eagerly and setup_module partitions rank 0's values (see rank_zero_partition for
+        # why not inside zero.Init). With weights to load rank 0 skips the random draws; the buffers it computes
+        # (Llama's rotary inv_freq) are in no checkpoint, so they are built in every case.
+        self._built_on_rank_zero = True
         with contextlib.ExitStack() as stack:
-            stack.enter_context(skip_parameter_init())
-            # Weights will be loaded: parameters are partitioned across ranks as each submodule is created.
-            zero_init = self._zero_init()
-            stack.enter_context(zero_init)
+            stack.enter_context(rank_zero_build(self.is_global_zero))
+            stack.enter_context(self.precision.module_init_context())
+            if empty_init:
+                stack.enter_context(skip_parameter_init())
             yield
 
     def _zero_init(self) -> Any:

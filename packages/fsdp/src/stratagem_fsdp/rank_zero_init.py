@@ -65,8 +65,9 @@ class RankZeroValues:
                     assert tensor is not None
                     self._wholes[(id(submodule), name)] = (submodule, tensor)
 
-    def hand_out(self, module: nn.Module, device: torch.device) -> None:
-        """Overwrite every rank's parameters (its shards of them) and buffers with rank 0's values, then forget them.
+    def hand_out(self, module: nn.Module, device: torch.device, parameters: bool = True) -> None:
+        """Overwrite every rank's buffers and, with ``parameters``, parameters (its shards of them) with rank 0's
+        values, then forget them.
 
         Entries rank 0 kept no whole tensor for are left as they are. ``device`` is where collectives run
         (the strategy's root device); one whole tensor at a time is made there.
@@ -75,7 +76,7 @@ class RankZeroValues:
             # One rank: its shards were cut from these very tensors.
             self._wholes.clear()
             return
-        entries = list(_entries(module))
+        entries = [entry for entry in _entries(module) if parameters or not isinstance(entry[2], nn.Parameter)]
         holder = [[(id(owner), name) in self._wholes for owner, name, _ in entries]]
         dist.broadcast_object_list(holder, src=0)
         with torch.no_grad():

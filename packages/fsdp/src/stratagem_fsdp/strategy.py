@@ -34,6 +34,7 @@ from stratagem.strategies import (
     check_release_host_memory,
     release_freed_host_memory,
     releases_host_memory,
+    skip_parameter_init,
     split_parallel_options,
 )
 from stratagem.strategies.rank_zero_build import rank_zero_build, refuse_differently_built, refuse_meta_attributes
@@ -205,17 +206,20 @@ class FSDPStrategy(ParallelStrategy, BackwardSyncControl):
 
     @contextlib.contextmanager
     def module_init_context(self, empty_init: bool | None = None) -> Iterator[None]:
-        # Unless asked otherwise, rank 0 builds the module eagerly on the CPU and the other ranks on the meta
-        # device; setup_module shards it and hands every rank its shards of rank 0's values. With weights to
-        # load (empty_init=True) every rank builds on the meta device and allocates only its shards.
+        # Unless asked for an ordinary creation, rank 0 builds the module eagerly on the CPU and the other ranks on
+        # the meta device; setup_module shards it and hands every rank its shards of rank 0's values. With weights
+        # to load (empty_init=True) rank 0 skips the random draws, and only buffers are handed out: the checkpoint
+        # has no non-persistent ones (Llama's rotary inv_freq), which the meta device would leave without values.
         self._weights_will_be_loaded = bool(empty_init)
         with contextlib.ExitStack() as stack:
             if empty_init is False:
                 stack.enter_context(super().module_init_context(empty_init))
             else:
-                stack.enter_context(torch.device("meta") if empty_init else rank_zero_build(self.is_global_zero))
+                stack.enter_context(rank_zero_build(self.is_global_zero))
                 stack.enter_context(self.precision.module_init_context())
-            if not empty_init and self.is_global_zero:
+                if empty_init:
+                    stack.enter_context(skip_parameter_init())
+            if self.is_global_zero:
                 stack.enter_context(self._rank_zero_values.recording())
             stack.enter_context(manual_wrapping())
             yield
@@ -242,14 +246,13 @@ class FSDPStrategy(ParallelStrategy, BackwardSyncControl):
             "reshard_after_forward": self._fully_shard_kwargs.get("reshard_after_forward", False),
         }
         refuse_differently_built(module)
-        if not self._weights_will_be_loaded and self.is_global_zero:
+        if self.is_global_zero:
             self._rank_zero_values.keep_present(module)
         root = shard_module(module, self._auto_wrap, self.device_mesh, unit_kwargs, root_kwargs)
         if has_meta_tensors(root):
             offloaded = isinstance(self._configured_offload_policy, CPUOffloadPolicy)
             allocate(root, torch.device("cpu") if offloaded else self.root_device, self.root_device)
-        if not self._weights_will_be_loaded:
-            self._rank_zero_values.hand_out(root, self.root_device)
+        self._rank_zero_values.hand_out(root, self.root_device, parameters=not self._weights_will_be_loaded)
         refuse_meta_attributes(root)
         self._module, self._model = module, root
         return root
