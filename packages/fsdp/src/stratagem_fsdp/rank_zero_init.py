@@ -38,6 +38,11 @@ class RankZeroValues:
         # The module is kept with its tensor so that its id is not reused while the entry lives.
         self._wholes: dict[tuple[int, str], tuple[nn.Module, torch.Tensor]] = {}
 
+    def __getstate__(self) -> dict[str, object]:
+        # A strategy sent to new processes (a module built under trainer.init_module() before the launch): the
+        # ids are this process's, and a module unpickled there keeps its whole tensors itself.
+        return {"_wholes": {}}
+
     @contextlib.contextmanager
     def recording(self) -> Iterator[None]:
         """Within the block, keep every whole tensor registered on a module (later in-place changes included)."""
