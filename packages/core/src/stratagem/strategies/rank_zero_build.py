@@ -15,7 +15,7 @@ What cannot be handed over this way is refused before the first step, on every r
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 import torch
 import torch.distributed as dist
@@ -64,19 +64,19 @@ def refuse_differently_built(module: nn.Module) -> None:
         return
     holder = [_signature(module)]
     dist.broadcast_object_list(holder, src=0)
-    expected = dict((name, rest) for name, *rest in holder[0])
-    own = dict((name, rest) for name, *rest in _signature(module))
+    expected = {entry[0]: entry[1:] for entry in holder[0]}
+    own = {entry[0]: entry[1:] for entry in _signature(module)}
     problems = [f"{name}: {own.get(name)} where rank 0 has {expected.get(name)}" for name in _differing(expected, own)]
     problems = _problems_of_every_rank(problems[:_SHOWN])
     if problems:
         raise ValueError(
-            "configure_model built different parameters or buffers on different ranks (name: [shape, dtype, "
-            "tied to]): " + "; ".join(problems) + ". The module is built on rank 0 and its values handed to the "
+            "configure_model built different parameters or buffers on different ranks (name: (shape, dtype, "
+            "tied to)): " + "; ".join(problems) + ". The module is built on rank 0 and its values handed to the "
             "other ranks, which needs the same module everywhere: make configure_model independent of the rank."
         )
 
 
-def _differing(expected: dict[str, list[object]], own: dict[str, list[object]]) -> list[str]:
+def _differing(expected: Mapping[str, object], own: Mapping[str, object]) -> list[str]:
     names = list(expected) + [name for name in own if name not in expected]
     return [name for name in names if expected.get(name) != own.get(name)]
 
