@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import torch
 from deepspeed_testing import (
+    LEARNING_RATE,
     OP_BUILD_TIMEOUT,
     RegressionNet,
     create_strategy,
@@ -101,21 +102,88 @@ def test_bf16_runs_the_module_in_bf16(workers):
     assert workers.run(_module_dtype_under_bf16, 2) == ["torch.bfloat16", "torch.bfloat16"]
 
 
-def _partitioning_under_zero_init() -> tuple[list[int], int, int]:
+def _partitioning_of_a_module_built_in_the_init_context() -> tuple[bool, list[int], int, int]:
     strategy = create_strategy("deepspeed_stage_3")
     with strategy.module_init_context():
         model = torch.nn.Linear(64, 32)
+    built_on_meta = all(parameter.is_meta for parameter in model.parameters())
+    strategy.setup_module(model)
     shapes = [parameter.numel() for parameter in model.parameters()]
     held = sum(parameter.ds_tensor.numel() for parameter in model.parameters())
     total = sum(parameter.ds_numel for parameter in model.parameters())
-    return shapes, held, total
+    return built_on_meta, shapes, held, total
 
 
-def test_stage_3_builds_the_module_partitioned_each_rank_holding_half(workers):
-    for shapes, held, total in workers.run(_partitioning_under_zero_init):
-        assert shapes == [0, 0], "parameters are partitioned as they are created"
+def test_stage_3_builds_the_module_on_rank_zero_and_partitions_it_each_rank_holding_half(workers):
+    results = workers.run(_partitioning_of_a_module_built_in_the_init_context)
+    assert [built_on_meta for built_on_meta, *_ in results] == [False, True], "only rank 0 builds it"
+    for _, shapes, held, total in results:
+        assert shapes == [0, 0], "setup_module partitions the parameters"
         assert total == 64 * 32 + 32
         assert held == total // 2
+
+
+class _InitialisedAfterConstruction(torch.nn.Module):
+    """Built as Hugging Face models are: layers created, then re-initialised (post_init), an output tied to the
+    embedding, a parameter without reset_parameters and a buffer computed at construction."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embedding = torch.nn.Embedding(10, 8)
+        self.scale = torch.nn.Parameter(torch.randn(8))
+        self.head = torch.nn.Linear(8, 10, bias=False)
+        self.head.weight = self.embedding.weight
+        self.register_buffer("table", torch.arange(8.0).sqrt(), persistent=False)
+        torch.nn.init.normal_(self.embedding.weight, std=0.02)
+
+
+def _stage_3_weights_and_buffers_of_a_module_initialised_after_construction():
+    strategy = create_strategy("deepspeed_stage_3")
+    torch.manual_seed(0)
+    with strategy.module_init_context():
+        model = _InitialisedAfterConstruction()
+    strategy.setup_module(model)
+    strategy.setup_optimizers([torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE)])
+    tied = model.head.weight is model.embedding.weight
+    return strategy.module_full_state_dict(), dict(model.named_buffers()), tied
+
+
+def test_stage_3_starts_from_the_eager_build_of_a_module_initialised_after_construction(workers):
+    results = workers.run(_stage_3_weights_and_buffers_of_a_module_initialised_after_construction)
+    torch.manual_seed(0)
+    eager = _InitialisedAfterConstruction()
+    weights = results[0][0]
+    assert weights.keys() == eager.state_dict().keys()
+    for name, value in eager.state_dict().items():
+        assert torch.equal(weights[name], value), name
+    for _, buffers, tied in results:
+        assert torch.equal(buffers["table"], eager.table)
+        assert tied
+
+
+class _UnregisteredTable(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 4)
+        self.table = torch.randn(4)
+
+
+def _stage_3_set_up_of_a_module_holding_an_unregistered_tensor():
+    strategy = create_strategy("deepspeed_stage_3")
+    with strategy.module_init_context():
+        model = _UnregisteredTable()
+    try:
+        strategy.setup_module(model)
+    except ValueError as error:
+        return str(error)
+    return None
+
+
+def test_stage_3_refuses_a_tensor_outside_parameters_and_buffers_on_every_rank_naming_it(workers):
+    rank_zero, rank_one = workers.run(_stage_3_set_up_of_a_module_holding_an_unregistered_tensor)
+    assert rank_zero == rank_one
+    assert "rank 1: table" in rank_zero
+    assert "register_buffer" in rank_zero
 
 
 def _train_with_cpu_adam_recording_warnings() -> tuple[tuple, list[str]]:

@@ -1,4 +1,5 @@
-"""Ranks seeded differently still start from rank 0's weights, whether the module is built on the meta device or not."""
+"""Ranks seeded differently still start from rank 0's weights, whether the other ranks built the module on the meta
+device (rank 0 building it eagerly) or every rank built it eagerly."""
 
 import pytest
 import torch
@@ -47,14 +48,16 @@ def _plain_init_of_rank_zero():
     [{"auto_wrap_policy": {Block}}, {"sharding_strategy": "NO_SHARD"}, {"cpu_offload": True}],
     ids=["full_shard", "no_shard", "cpu_offload"],
 )
-@pytest.mark.parametrize(("empty_init", "built_on_meta"), [(None, True), (False, False)], ids=["meta", "normal"])
+@pytest.mark.parametrize(
+    ("empty_init", "on_meta_per_rank"), [(None, [False, True]), (False, [False, False])], ids=["meta", "normal"]
+)
 def test_every_rank_holds_rank_zeros_plain_init_when_ranks_are_seeded_differently(
-    workers, options, empty_init, built_on_meta
+    workers, options, empty_init, on_meta_per_rank
 ):
     results = workers.run(_set_up_with_a_seed_per_rank, empty_init, options)
     expected, _ = _plain_init_of_rank_zero()
+    assert [result["on_meta"] for result in results] == on_meta_per_rank
     for rank, result in enumerate(results):
-        assert result["on_meta"] is built_on_meta
         assert result["whole"].keys() == expected.keys()
         for name, value in expected.items():
             assert torch.equal(result["whole"][name], value), f"rank {rank}: {name}"

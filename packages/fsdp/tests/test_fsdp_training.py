@@ -4,6 +4,7 @@ import warnings
 
 import pytest
 import torch
+import torch.distributed as dist
 from fsdp_testing import (
     Block,
     Net,
@@ -177,42 +178,73 @@ def _meta_init_weights(empty_init):
     strategy = make_strategy(auto_wrap_policy={Block})
     torch.manual_seed(7)
     with strategy.module_init_context(empty_init=empty_init):
-        module = nn.Sequential(Net(), nn.TransformerEncoderLayer(1, 1, dim_feedforward=6, dropout=0.0))
+        module = nn.Sequential(Net(), nn.TransformerEncoderLayer(1, 1, dim_feedforward=6, dropout=0.0), _NoReset())
     on_meta = all(p.is_meta for p in module.parameters())
     strategy.setup_module(module)
     return on_meta, strategy.module_full_state_dict()
 
 
-def test_model_built_on_meta_device_is_initialised_exactly_like_a_normal_one(workers):
-    on_meta, weights = workers.run(_meta_init_weights, None)[0]
+def test_model_built_on_rank_zero_and_on_meta_elsewhere_starts_from_the_eager_build(workers):
+    (rank_zero_on_meta, weights), (rank_one_on_meta, _) = workers.run(_meta_init_weights, None)
     torch.manual_seed(7)
-    expected = nn.Sequential(Net(), nn.TransformerEncoderLayer(1, 1, dim_feedforward=6, dropout=0.0)).state_dict()
-    assert on_meta
+    expected = nn.Sequential(
+        Net(), nn.TransformerEncoderLayer(1, 1, dim_feedforward=6, dropout=0.0), _NoReset()
+    ).state_dict()
+    assert (rank_zero_on_meta, rank_one_on_meta) == (False, True)
     assert weights.keys() == expected.keys()
     for key, value in expected.items():
         assert torch.equal(weights[key], value), key
 
 
 class _NoReset(nn.Module):
+    """Initialised at construction only (no reset_parameters), from the random stream."""
+
     def __init__(self) -> None:
         super().__init__()
-        self.scale = nn.Parameter(torch.ones(4))
+        self.scale = nn.Parameter(torch.randn(4))
 
 
-def _meta_module_without_reset_parameters():
+class _UnregisteredTable(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 4)
+        self.table = torch.randn(4)
+
+
+def _set_up_a_module_holding_an_unregistered_tensor():
     strategy = make_strategy()
     with strategy.module_init_context():
-        module = nn.Sequential(nn.Linear(4, 4), _NoReset())
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
+        module = _UnregisteredTable()
+    try:
         strategy.setup_module(module)
-    return [str(w.message) for w in caught]
+    except ValueError as error:
+        return str(error)
+    return None
 
 
-def test_meta_modules_without_reset_parameters_are_named_in_a_warning_on_rank_zero(workers):
-    rank_zero, rank_one = workers.run(_meta_module_without_reset_parameters)
-    assert any("define no reset_parameters(): 1" in message for message in rank_zero)
-    assert not any("reset_parameters" in message for message in rank_one)
+def test_a_tensor_outside_parameters_and_buffers_is_refused_on_every_rank_naming_it(workers):
+    rank_zero, rank_one = workers.run(_set_up_a_module_holding_an_unregistered_tensor)
+    assert rank_zero == rank_one
+    assert "rank 1: module.table" in rank_zero
+    assert "register_buffer" in rank_zero
+
+
+def _set_up_a_module_built_differently_per_rank():
+    strategy = make_strategy()
+    with strategy.module_init_context():
+        module = nn.Linear(4, 4 + dist.get_rank())
+    try:
+        strategy.setup_module(module)
+    except ValueError as error:
+        return str(error)
+    return None
+
+
+def test_a_module_built_differently_on_another_rank_is_refused_on_every_rank(workers):
+    rank_zero, rank_one = workers.run(_set_up_a_module_built_differently_per_rank)
+    assert rank_zero == rank_one
+    assert "rank 1: weight: ((5, 4)" in rank_zero
+    assert "independent of the rank" in rank_zero
 
 
 def _user_sharded_blocks_stay_as_they_are():

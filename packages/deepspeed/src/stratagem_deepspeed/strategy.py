@@ -31,6 +31,7 @@ from stratagem.strategies import (
     skip_parameter_init,
     split_parallel_options,
 )
+from stratagem.strategies.rank_zero_build import rank_zero_build, refuse_differently_built, refuse_meta_attributes
 from stratagem_deepspeed import checkpoint_layout as layout
 from stratagem_deepspeed.activation_checkpointing import (
     check_activation_checkpointing,
@@ -55,6 +56,7 @@ from stratagem_deepspeed.nvme_swap import (
     swapped_optimizer_sub_groups,
     swappers_of,
 )
+from stratagem_deepspeed.rank_zero_partition import partition_from_rank_zero
 from stratagem_deepspeed.stage_3_release import release_partitioned_parameters
 
 if TYPE_CHECKING:
@@ -161,6 +163,7 @@ class DeepSpeedStrategy(ParallelStrategy, OwnsAccumulation):
         self._engine: DeepSpeedEngine | None = None
         self._parameter_groups: list[list[nn.Parameter]] = []
         self._nvme_swappers: list[Any] = []
+        self._built_on_rank_zero = False
         self._largest_parameter: int | None = None
 
     # -- wiring (calling process) -------------------------------------------------------------
@@ -305,20 +308,31 @@ class DeepSpeedStrategy(ParallelStrategy, OwnsAccumulation):
             with super().module_init_context(empty_init):
                 yield
             return
-        deepspeed = import_deepspeed()
+        # Rank 0 builds the module eagerly and setup_module partitions rank 0's values (see rank_zero_partition for
+        # why not inside zero.Init). With weights to load rank 0 skips the random draws; the buffers it computes
+        # (Llama's rotary inv_freq) are in no checkpoint, so they are built in every case.
+        self._built_on_rank_zero = True
         with contextlib.ExitStack() as stack:
+            stack.enter_context(rank_zero_build(self.is_global_zero))
+            stack.enter_context(self.precision.module_init_context())
             if empty_init:
                 stack.enter_context(skip_parameter_init())
-            # Parameters are partitioned across ranks as each submodule is created.
-            zero_init = deepspeed.zero.Init(
-                config_dict_or_path=self.config, remote_device=self.remote_device, enabled=True
-            )
-            if zero_init.param_swapper is not None:
-                self._nvme_swappers.append(zero_init.param_swapper)
-            stack.enter_context(zero_init)
             yield
 
+    def _zero_init(self) -> Any:
+        zero_init = import_deepspeed().zero.Init(
+            config_dict_or_path=self.config, remote_device=self.remote_device, enabled=True
+        )
+        if zero_init.param_swapper is not None:
+            self._nvme_swappers.append(zero_init.param_swapper)
+        return zero_init
+
     def setup_module(self, module: nn.Module) -> nn.Module:
+        if self._built_on_rank_zero:
+            self._built_on_rank_zero = False
+            refuse_differently_built(module)
+            partition_from_rank_zero(module, self._zero_init(), self.root_device)
+            refuse_meta_attributes(module)
         # The engine is built with the optimizer (setup_optimizers); until then the module runs as is.
         self._module = self._model = module
         # A swapper configure_model put nothing on (the module was built before the run) is freed now, not at the end.

@@ -1,13 +1,11 @@
-"""Making every rank start from the weights rank 0 would initialise, however each rank was seeded.
+"""Making every rank start from the weights rank 0 built, however each rank was seeded and whatever it built on.
 
-Two ways a module reaches ``setup_module``, one tool for each:
-
-- Built normally on every rank: each rank drew its own weights. :func:`broadcast_from_rank_zero`
-  copies rank 0's values into every rank's tensors, one tensor at a time, before sharding keeps
-  each rank's slice of them.
-- Built on the meta device: nothing was drawn yet. Inside :func:`rank_zero_random_state` every
-  rank draws from rank 0's random state, so each rank computes the same whole tensors rank 0
-  computes and keeps its own slice; nothing is sent but the generator's state.
+A module reaches ``setup_module`` built eagerly on every rank (before the run, or with ``empty_init=False``),
+or built eagerly on rank 0 and on the meta device elsewhere (``configure_model``, see
+:mod:`stratagem.strategies.rank_zero_build`). Either way rank 0 holds the whole values: :class:`RankZeroValues`
+keeps them (from their creation, so that blocks the user shards in ``configure_model`` are covered too, and
+just before sharding) and, once the module is sharded, hands every rank its shard of them, one tensor at a
+time. Nothing is re-initialised, so the values are the eager build's whatever the module's construction did.
 """
 
 from __future__ import annotations
@@ -18,73 +16,103 @@ from collections.abc import Iterator
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.tensor import DTensor
+from torch.distributed.tensor import DTensor, distribute_tensor
+from torch.nn.modules.module import (
+    register_module_buffer_registration_hook,
+    register_module_parameter_registration_hook,
+)
 
 
 def _is_distributed() -> bool:
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
-def broadcast_from_rank_zero(module: nn.Module, device: torch.device) -> None:
-    """Overwrite ``module``'s plain parameters and buffers on every rank with rank 0's values.
+def _is_whole(tensor: torch.Tensor | None) -> bool:
+    return isinstance(tensor, torch.Tensor) and not isinstance(tensor, DTensor) and not tensor.is_meta
 
-    Meta tensors (nothing to send yet) and DTensors (already sharded: rank 0 no longer holds the
-    whole tensor) are left alone. ``device`` is where collectives run (the strategy's root
-    device); tensors elsewhere travel through one temporary copy at a time.
-    """
-    if not _is_distributed():
-        return
-    with torch.no_grad():
-        for tensor in (*module.parameters(), *module.buffers()):
-            if tensor.is_meta or isinstance(tensor, DTensor):
+
+class RankZeroValues:
+    """Rank 0's whole parameters and buffers, keyed by the module and name they are registered under."""
+
+    def __init__(self) -> None:
+        # The module is kept with its tensor so that its id is not reused while the entry lives.
+        self._wholes: dict[tuple[int, str], tuple[nn.Module, torch.Tensor]] = {}
+
+    def __getstate__(self) -> dict[str, object]:
+        # A strategy sent to new processes (a module built under trainer.init_module() before the launch): the
+        # ids are this process's, and a module unpickled there keeps its whole tensors itself.
+        return {"_wholes": {}}
+
+    @contextlib.contextmanager
+    def recording(self) -> Iterator[None]:
+        """Within the block, keep every whole tensor registered on a module (later in-place changes included)."""
+
+        def record(module: nn.Module, name: str, tensor: torch.Tensor | None) -> None:
+            if _is_whole(tensor):
+                assert tensor is not None
+                self._wholes[(id(module), name)] = (module, tensor)
+
+        handles = [
+            register_module_parameter_registration_hook(record),
+            register_module_buffer_registration_hook(record),
+        ]
+        try:
+            yield
+        finally:
+            for handle in handles:
+                handle.remove()
+
+    def keep_present(self, module: nn.Module) -> None:
+        """Keep the whole tensors ``module`` holds now (sharding is about to replace them by shards)."""
+        for submodule in module.modules():
+            for name, tensor in (*submodule._parameters.items(), *submodule._buffers.items()):
+                if _is_whole(tensor):
+                    assert tensor is not None
+                    self._wholes[(id(submodule), name)] = (submodule, tensor)
+
+    def hand_out(self, module: nn.Module, device: torch.device, parameters: bool = True) -> None:
+        """Overwrite every rank's buffers and, with ``parameters``, parameters (its shards of them) with rank 0's
+        values, then forget them.
+
+        Entries rank 0 kept no whole tensor for are left as they are. ``device`` is where collectives run
+        (the strategy's root device); one whole tensor at a time is made there.
+        """
+        if not _is_distributed():
+            # One rank: its shards were cut from these very tensors.
+            self._wholes.clear()
+            return
+        entries = [entry for entry in _entries(module) if parameters or not isinstance(entry[2], nn.Parameter)]
+        holder = [[(id(owner), name) in self._wholes for owner, name, _ in entries]]
+        dist.broadcast_object_list(holder, src=0)
+        with torch.no_grad():
+            for (owner, name, tensor), sent in zip(entries, holder[0]):
+                if sent:
+                    whole = self._wholes.get((id(owner), name))
+                    _receive(tensor, None if whole is None else whole[1], device)
+        self._wholes.clear()
+
+
+def _entries(module: nn.Module) -> Iterator[tuple[nn.Module, str, torch.Tensor]]:
+    """Each distinct parameter and buffer once (tied weights once), in the same order on every rank."""
+    seen: set[int] = set()
+    for submodule in module.modules():
+        for name, tensor in (*submodule._parameters.items(), *submodule._buffers.items()):
+            if tensor is None or id(tensor) in seen:
                 continue
-            if tensor.device == device:
-                dist.broadcast(tensor.detach(), src=0)
-                continue
-            carried = tensor.detach().to(device)
-            dist.broadcast(carried, src=0)
-            tensor.copy_(carried)
+            seen.add(id(tensor))
+            yield submodule, name, tensor
 
 
-@contextlib.contextmanager
-def rank_zero_random_state(device: torch.device) -> Iterator[None]:
-    """Within the block every rank's CPU generator (and ``device``'s) continues from rank 0's state.
-
-    On exit rank 0 keeps the advanced state, as if it had initialised the module alone; every
-    other rank gets its own state back, so per-rank randomness (dropout, data order) it was seeded
-    for is not replaced by rank 0's.
-    """
-    if not _is_distributed():
-        yield
+def _receive(tensor: torch.Tensor, whole: torch.Tensor | None, device: torch.device) -> None:
+    """Give ``tensor`` (this rank's shard if it is a DTensor) rank 0's ``whole``; only rank 0 passes one."""
+    source = (
+        whole.detach().to(device=device, dtype=tensor.dtype)
+        if whole is not None
+        else torch.empty(tensor.shape, dtype=tensor.dtype, device=device)
+    )
+    if isinstance(tensor, DTensor):
+        part = distribute_tensor(source, tensor.device_mesh, tensor.placements, src_data_rank=0)
+        tensor.to_local().copy_(part.to_local())
         return
-    devices = [torch.device("cpu")] if device.type == "cpu" else [torch.device("cpu"), device]
-    own = [_get_state(each) for each in devices]
-    for each, state in zip(devices, own):
-        _set_state(each, _from_rank_zero(state, device))
-    try:
-        yield
-    finally:
-        if dist.get_rank() != 0:
-            for each, state in zip(devices, own):
-                _set_state(each, state)
-
-
-def _from_rank_zero(state: torch.Tensor, device: torch.device) -> torch.Tensor:
-    # Generator states of one kind have the same size on every rank, so a tensor broadcast suffices.
-    # A copy even on the CPU: the broadcast writes into it, and ``state`` is this rank's to restore.
-    carried = state.to(device, copy=True)
-    dist.broadcast(carried, src=0)
-    return carried.cpu()
-
-
-def _get_state(device: torch.device) -> torch.Tensor:
-    if device.type == "cpu":
-        return torch.get_rng_state()
-    return torch.get_device_module(device.type).get_rng_state(device)
-
-
-def _set_state(device: torch.device, state: torch.Tensor) -> None:
-    if device.type == "cpu":
-        torch.set_rng_state(state)
-    else:
-        torch.get_device_module(device.type).set_rng_state(state, device)
+    dist.broadcast(source, src=0)
+    tensor.copy_(source)

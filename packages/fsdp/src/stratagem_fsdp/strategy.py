@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import warnings
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -45,11 +44,13 @@ from stratagem.strategies import (
     check_release_host_memory,
     release_freed_host_memory,
     releases_host_memory,
+    skip_parameter_init,
     split_parallel_options,
 )
+from stratagem.strategies.rank_zero_build import rank_zero_build, refuse_differently_built, refuse_meta_attributes
 from stratagem_fsdp.async_checkpoint_io import AsyncDistributedCheckpointIO
 from stratagem_fsdp.checkpoint_io import DistributedCheckpointIO
-from stratagem_fsdp.materialize import has_meta_tensors, materialize
+from stratagem_fsdp.materialize import allocate, has_meta_tensors
 from stratagem_fsdp.memory import RELEASING_STEP_TIME, fsdp_estimate
 from stratagem_fsdp.optimizer_state import parameter_names, to_index_keyed, to_name_keyed
 from stratagem_fsdp.options import (
@@ -69,7 +70,7 @@ from stratagem_fsdp.options import (
     sharding_layout,
     sharding_strategy_name,
 )
-from stratagem_fsdp.rank_zero_init import broadcast_from_rank_zero
+from stratagem_fsdp.rank_zero_init import RankZeroValues
 from stratagem_fsdp.wrapping import (
     ShardedRoot,
     apply_activation_checkpointing,
@@ -133,6 +134,7 @@ class FSDPStrategy(ParallelStrategy, BackwardSyncControl):
         self._offload_policy: OffloadPolicy | None = None
         self._device_mesh: DeviceMesh | None = None
         self._weights_will_be_loaded = False
+        self._rank_zero_values = RankZeroValues()
 
     def complete_configuration(self) -> None:
         if self.state_dict_type == "sharded" and _is_plain_async(self._checkpoint_io):
@@ -225,14 +227,22 @@ class FSDPStrategy(ParallelStrategy, BackwardSyncControl):
 
     @contextlib.contextmanager
     def module_init_context(self, empty_init: bool | None = None) -> Iterator[None]:
-        # Unless asked not to, build on the meta device: no memory, no initialisation until setup_module
-        # has sharded the module and materialises each rank's shards.
+        # Unless asked for an ordinary creation, rank 0 builds the module eagerly on the CPU and the other ranks on
+        # the meta device; setup_module shards it and hands every rank its shards of rank 0's values. With weights
+        # to load (empty_init=True) rank 0 skips the random draws, and only buffers are handed out: the checkpoint
+        # has no non-persistent ones (Llama's rotary inv_freq), which the meta device would leave without values.
         self._weights_will_be_loaded = bool(empty_init)
-        if empty_init is False:
-            with super().module_init_context(empty_init), manual_wrapping():
-                yield
-            return
-        with torch.device("meta"), self.precision.module_init_context(), manual_wrapping():
+        with contextlib.ExitStack() as stack:
+            if empty_init is False:
+                stack.enter_context(super().module_init_context(empty_init))
+            else:
+                stack.enter_context(rank_zero_build(self.is_global_zero))
+                stack.enter_context(self.precision.module_init_context())
+                if empty_init:
+                    stack.enter_context(skip_parameter_init())
+            if self.is_global_zero:
+                stack.enter_context(self._rank_zero_values.recording())
+            stack.enter_context(manual_wrapping())
             yield
 
     def setup_module(self, module: nn.Module) -> nn.Module:
@@ -256,21 +266,15 @@ class FSDPStrategy(ParallelStrategy, BackwardSyncControl):
             **unit_kwargs,
             "reshard_after_forward": self._fully_shard_kwargs.get("reshard_after_forward", False),
         }
-        # A module built normally holds each rank's own draw; sharding would keep a slice of each.
-        broadcast_from_rank_zero(module, self.root_device)
+        refuse_differently_built(module)
+        if self.is_global_zero:
+            self._rank_zero_values.keep_present(module)
         root = shard_module(module, self._auto_wrap, self._sharding_mesh, unit_kwargs, root_kwargs)
         if has_meta_tensors(root):
             offloaded = isinstance(self._configured_offload_policy, CPUOffloadPolicy)
-            storage = torch.device("cpu") if offloaded else self.root_device
-            uninitialised = materialize(root, storage, self.root_device, initialise=not self._weights_will_be_loaded)
-            if uninitialised and self.is_global_zero:
-                names = ", ".join(name.removeprefix("module.") for name in uninitialised)
-                warnings.warn(
-                    f"Modules created on the meta device hold uninitialised memory because they define no "
-                    f"reset_parameters(): {names}. Define it, load weights into them, or create the model with "
-                    "empty_init=False.",
-                    stacklevel=2,
-                )
+            allocate(root, torch.device("cpu") if offloaded else self.root_device, self.root_device)
+        self._rank_zero_values.hand_out(root, self.root_device, parameters=not self._weights_will_be_loaded)
+        refuse_meta_attributes(root)
         self._module, self._model = module, root
         return root
 
