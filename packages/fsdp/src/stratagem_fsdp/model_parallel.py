@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -107,6 +109,15 @@ class ModelParallelStrategy(FSDPStrategy):
         mesh = self.device_mesh
         return mesh["dp_replicate", "dp_shard"] if int(self._resolved_layout.dp_replicate) > 1 else mesh["dp_shard"]
 
+    @contextlib.contextmanager
+    def module_init_context(self, empty_init: bool | None = None) -> Iterator[None]:
+        # Layers split in configure_model (parallelize_module) are distributed from each tensor-parallel group's
+        # own tensors, with collectives over that group: fsdp's build on rank 0 alone (the other ranks on the meta
+        # device) would leave the other ranks' pieces empty and their collectives unmatched. Every rank builds
+        # normally; setup_module then gives every rank rank 0's plain tensors and the first data rank's pieces.
+        with super().module_init_context(empty_init=False):
+            yield
+
     def setup_module(self, module: nn.Module) -> nn.Module:
         self._agree_on_split_tensors(module)
         return super().setup_module(module)
@@ -116,7 +127,6 @@ class ModelParallelStrategy(FSDPStrategy):
 
         A module built normally on every rank holds each rank's own draw; splitting it keeps every
         tensor-parallel group's own, which the plain-tensor broadcast of FSDPStrategy does not reach.
-        (Built on the meta device, nothing was drawn yet: materialising draws rank 0's values.)
         """
         group = self.data_parallel_group
         if group is None or dist.get_world_size(group) == 1:

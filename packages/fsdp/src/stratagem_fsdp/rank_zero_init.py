@@ -110,9 +110,11 @@ def _receive(tensor: torch.Tensor, whole: torch.Tensor | None, device: torch.dev
         if whole is not None
         else torch.empty(tensor.shape, dtype=tensor.dtype, device=device)
     )
+    # Sent whole from global rank 0 over the world, then cut locally: a DTensor on a submesh (HSDP's, or
+    # dp_shard beside tp) has groups without global rank 0, whose own "rank 0" holds no value to send.
+    dist.broadcast(source, src=0)
     if isinstance(tensor, DTensor):
-        part = distribute_tensor(source, tensor.device_mesh, tensor.placements, src_data_rank=0)
+        part = distribute_tensor(source, tensor.device_mesh, tensor.placements, src_data_rank=None)
         tensor.to_local().copy_(part.to_local())
         return
-    dist.broadcast(source, src=0)
     tensor.copy_(source)
