@@ -113,13 +113,13 @@ def test_torchelastic_reads_ranks_and_rendezvous_from_torchrun_variables(monkeyp
     environment.validate_settings(num_devices=2, num_nodes=2)
 
 
-def test_torchelastic_names_each_restart_its_own_attempt_and_other_environments_have_one(monkeypatch):
+def test_only_torchruns_agent_store_outlives_the_workers(monkeypatch):
     _torchrun(monkeypatch)
-    monkeypatch.delenv("TORCHELASTIC_RESTART_COUNT", raising=False)
-    assert TorchElasticEnvironment().attempt == "0"
-    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "2")
-    assert TorchElasticEnvironment().attempt == "2"
-    assert LocalEnvironment().attempt == "0"
+    monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "True")
+    assert TorchElasticEnvironment().store_outlives_workers
+    monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "False")
+    assert not TorchElasticEnvironment().store_outlives_workers
+    assert not LocalEnvironment().store_outlives_workers
 
 
 def test_torchelastic_is_not_detected_without_the_run_id(monkeypatch):
