@@ -174,6 +174,15 @@ def test_slurm_is_not_detected_in_an_interactive_allocation(monkeypatch, job_nam
     assert not SLURMEnvironment.detect()
 
 
+def test_srun_tasks_under_a_wrapper_shell_are_ranks_although_the_job_is_named_bash(monkeypatch):
+    # srun -n8 bash -c "python train.py --devices 4 --num-nodes 2": each task is one rank, not a session
+    # that starts a local job of its own (which ran as many duplicate trainings as there were tasks).
+    _srun(monkeypatch, SLURM_JOB_NAME="bash", SLURM_STEP_NUM_TASKS=8)
+    assert isinstance(detect_environment(), SLURMEnvironment)
+    _srun(monkeypatch, SLURM_JOB_NAME="bash", SLURM_STEP_NUM_TASKS=1)
+    assert isinstance(detect_environment(), LocalEnvironment)
+
+
 def test_slurm_main_address_is_the_first_host_of_the_node_list(monkeypatch):
     _srun(monkeypatch, SLURM_JOB_NODELIST="node[001-004,7],login2")
     assert SLURMEnvironment().main_address == "node001"
