@@ -4,7 +4,8 @@
 small regression on a global batch of 16, saving a checkpoint every 2 steps into ``--checkpoints`` (default
 ``DIR/checkpoints``). Global rank 0 writes ``DIR/result.json`` (steps run, where training started) and the
 weights to ``DIR/weights.pt``. ``--die-at-step N --die-marker FILE``: global rank 1 kills itself with SIGKILL at
-step N, once (while FILE does not exist).
+step N, once (while FILE does not exist). ``--preemption``: a ``Preemption`` callback saves and stops on SIGTERM or
+SIGUSR1; ``--step-seconds S`` makes every step last S seconds longer (time to send one).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import argparse
 import json
 import os
 import signal
+import time
 from pathlib import Path
 
 import torch
@@ -21,14 +23,15 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import stratagem
-from stratagem.callbacks import ModelCheckpoint
+from stratagem.callbacks import ModelCheckpoint, Preemption
 
 GLOBAL_BATCH = 16
 
 
 class Regression(stratagem.Module):
-    def __init__(self, die_at_step: int | None = None, die_marker: str | None = None) -> None:
+    def __init__(self, die_at_step: int | None = None, die_marker: str | None = None, step_seconds: float = 0) -> None:
         super().__init__()
+        self.step_seconds = step_seconds
         torch.manual_seed(0)
         self.net = nn.Sequential(nn.Linear(4, 16), nn.Tanh(), nn.Linear(16, 1))
         self.die_at_step = die_at_step
@@ -50,6 +53,7 @@ class Regression(stratagem.Module):
         ):
             Path(self.die_marker).write_text(str(os.getpid()))
             os.kill(os.getpid(), signal.SIGKILL)
+        time.sleep(self.step_seconds)
         x, y = batch
         return F.mse_loss(self(x), y)
 
@@ -75,6 +79,8 @@ def main() -> None:
     parser.add_argument("--ckpt-path", default=None)
     parser.add_argument("--die-at-step", type=int, default=None)
     parser.add_argument("--die-marker", default=None)
+    parser.add_argument("--preemption", action="store_true")
+    parser.add_argument("--step-seconds", type=float, default=0)
     args = parser.parse_args()
     out = Path(args.out)
     world_size = args.devices * args.num_nodes
@@ -86,14 +92,14 @@ def main() -> None:
         num_nodes=args.num_nodes,
         max_steps=args.steps,
         default_root_dir=out,
-        callbacks=[checkpoints],
+        callbacks=[checkpoints, *([Preemption()] if args.preemption else [])],
         enable_progress_bar=False,
         logger=False,
         num_sanity_val_steps=0,
         limit_val_batches=0,
         seed=0,
     )
-    module = Regression(args.die_at_step, args.die_marker)
+    module = Regression(args.die_at_step, args.die_marker, args.step_seconds)
     trainer.fit(module, loader(world_size, args.steps), ckpt_path=args.ckpt_path)
     weights = {name: tensor.detach().clone() for name, tensor in module.state_dict().items()}
     if trainer.is_global_zero:

@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -64,9 +65,11 @@ def _run_on_hosts(
     mounts: list[dict[str, str] | None] | None = None,
     torchrun: list[str] | None = None,
     timeout: float = 180,
+    while_running: Callable[[list[subprocess.Popen]], None] | None = None,
 ) -> list[tuple[int, str]]:
     """Start ``job.py`` with each host's ``arguments`` on that host (NODE_RANK = its index), or torchrun with
-    ``torchrun`` options; wait for all, bounded by ``timeout``. Each host's exit code and output."""
+    ``torchrun`` options; call ``while_running`` with the processes; wait for all, bounded by ``timeout``. Each
+    host's exit code and output."""
     out.mkdir(parents=True, exist_ok=True)
     port = next(_port)
     processes = []
@@ -81,6 +84,8 @@ def _run_on_hosts(
         mount = mounts[node_rank] if mounts else None
         processes.append((host.start(argv, log, env=_environment(hosts[0], node_rank, port), mounts=mount), log))
     deadline = time.monotonic() + timeout
+    if while_running is not None:
+        while_running([process for process, _ in processes])
     results = []
     for process, log in processes:
         try:
@@ -227,4 +232,33 @@ def test_an_elastic_restart_of_one_host_rejoins_the_other_and_resumes_exactly(ho
     assert marker.exists()
     report = json.loads((tmp_path / "result.json").read_text())
     assert (report["started_at_step"], report["global_step"]) == (2, 6)
+    _assert_close(torch.load(tmp_path / "weights.pt"), single_device_weights)
+
+
+def test_a_signal_on_one_host_saves_on_every_host_at_the_next_step_and_the_resumed_run_ends_exactly(
+    hosts, tmp_path, single_device_weights
+):
+    # SLURM's --signal=USR1@90 or a preemption's SIGTERM: here it reaches one host only, so the ranks must agree.
+    checkpoints = tmp_path / "checkpoints"
+    arguments = ["--strategy", "ddp", "--preemption", "--step-seconds", "1", "--steps", "6"]
+
+    def signal_once_a_checkpoint_is_there(processes: list[subprocess.Popen]) -> None:
+        deadline = time.monotonic() + 120
+        while not list(checkpoints.glob("*step=2.ckpt")) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        os.kill(processes[1].pid, signal.SIGUSR1)
+
+    results = _run_on_hosts(hosts, tmp_path, [arguments] * 2, while_running=signal_once_a_checkpoint_is_there)
+    _assert_succeeded(results)
+    saved = sorted(path.name for path in checkpoints.glob("preempted-step=*.ckpt"))
+    assert len(saved) == 1, saved
+    report = json.loads((tmp_path / "result.json").read_text())
+    assert report["global_step"] < 6
+    assert saved == [f"preempted-step={report['global_step']}.ckpt"]
+    assert "SIGUSR1" not in results[0][1]  # rank 0 did not receive it: it learnt it from rank 1
+    assert "a signal on another rank: saved" in results[0][1]
+    resume = ["--strategy", "ddp", "--steps", "6", "--ckpt-path", "last"]
+    _assert_succeeded(_run_on_hosts(hosts, tmp_path, [resume] * 2))
+    report = json.loads((tmp_path / "result.json").read_text())
+    assert report["global_step"] == 6
     _assert_close(torch.load(tmp_path / "weights.pt"), single_device_weights)
