@@ -16,7 +16,10 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import torch
+
 SUBNET = "10.97.0"
+JOB = Path(__file__).with_name("job.py")
 
 
 @dataclass
@@ -35,8 +38,9 @@ class Host:
             setup.append(f"mkdir -p {shlex.quote(inside)} 2>/dev/null || true")
             setup.append(f"mount --bind {shlex.quote(outside)} {shlex.quote(inside)}")
         script = " && ".join(setup) + ' && exec "$@"'
+        # nsenter, not `ip netns exec`: that remounts /sys, losing the cgroup mounts slurmd needs.
         return [
-            "ip", "netns", "exec", self.namespace,
+            "nsenter", f"--net=/run/netns/{self.namespace}",
             "unshare", "--uts", "--mount", "--propagation", "private",
             "sh", "-c", script, "sh", *argv,
         ]  # fmt: skip
@@ -58,7 +62,7 @@ def why_unavailable() -> str | None:
     """Why test hosts cannot be created here, or ``None`` when they can."""
     if sys.platform != "linux":
         return f"network namespaces need Linux (this is {sys.platform})"
-    for tool in ("ip", "unshare", "mount", "hostname"):
+    for tool in ("ip", "nsenter", "unshare", "mount", "hostname"):
         if shutil.which(tool) is None:
             return f"the {tool!r} command is missing (iproute2 / util-linux)"
     probe = f"smhp{uuid.uuid4().hex[:8]}"
@@ -67,7 +71,9 @@ def why_unavailable() -> str | None:
         return f"cannot create a network namespace (`ip netns add` says: {made.stderr.strip()}); it needs root"
     try:
         inside = subprocess.run(
-            ["ip", "netns", "exec", probe, "unshare", "--uts", "--mount", "true"], capture_output=True, text=True
+            ["nsenter", f"--net=/run/netns/{probe}", "unshare", "--uts", "--mount", "true"],
+            capture_output=True,
+            text=True,
         )
         if inside.returncode != 0:
             return f"cannot create UTS and mount namespaces (unshare says: {inside.stderr.strip()})"
@@ -117,3 +123,10 @@ def delete_hosts(hosts: list[Host]) -> None:
 
 def _run(*argv: str) -> None:
     subprocess.run(argv, check=True, capture_output=True)
+
+
+def assert_close(weights: dict, reference: dict) -> None:
+    """Weights equal to the reference's up to float rounding (the sums of a split batch run in another order)."""
+    assert weights.keys() == reference.keys()
+    for name in reference:
+        torch.testing.assert_close(weights[name], reference[name], rtol=0, atol=1e-6)

@@ -103,6 +103,8 @@ def main() -> None:
     trainer.fit(module, loader(world_size, args.steps), ckpt_path=args.ckpt_path)
     weights = {name: tensor.detach().clone() for name, tensor in module.state_dict().items()}
     if trainer.is_global_zero:
+        with (out / "runs.log").open("a") as runs:  # one line per training: duplicates show
+            runs.write(f"{os.uname().nodename} {os.getpid()} world size {trainer.world_size}\n")
         torch.save(weights, out / "weights.pt")
         report = {
             "global_step": trainer.global_step,

@@ -16,33 +16,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from hosts import Host, create_hosts, delete_hosts, why_unavailable
+from hosts import JOB, Host, assert_close
 
-JOB = Path(__file__).with_name("job.py")
 JOIN_TIMEOUT = 30
 pytestmark = pytest.mark.timeout(240)
-
-
-@pytest.fixture(scope="module")
-def hosts(tmp_path_factory):
-    reason = why_unavailable()
-    if reason is not None:
-        pytest.skip(f"multi-host tests need two network namespaces: {reason}")
-    made = create_hosts(tmp_path_factory.mktemp("hosts"))
-    yield made
-    delete_hosts(made)
-
-
-@pytest.fixture(scope="module")
-def single_device_weights(tmp_path_factory):
-    """The reference: one process on one host, the same global batch."""
-    out = tmp_path_factory.mktemp("single")
-    subprocess.run(
-        [sys.executable, str(JOB), "--out", str(out), "--strategy", "single_device", "--num-nodes", "1"],
-        check=True,
-        timeout=180,
-    )
-    return torch.load(out / "weights.pt")
 
 
 _port = iter(range(29600 + os.getpid() % 200 * 10, 65000))
@@ -111,12 +88,6 @@ def _assert_succeeded(results: list[tuple[int, str]]) -> None:
         assert code == 0, output[-4000:]
 
 
-def _assert_close(weights: dict, reference: dict) -> None:
-    assert weights.keys() == reference.keys()
-    for name in reference:
-        torch.testing.assert_close(weights[name], reference[name], rtol=0, atol=1e-6)
-
-
 # -- the happy paths --------------------------------------------------------------------------
 
 
@@ -127,13 +98,13 @@ def test_ddp_started_by_hand_on_two_hosts_trains_as_one_device_on_the_same_globa
     _assert_succeeded(results)
     report = json.loads((tmp_path / "result.json").read_text())
     assert (report["global_step"], report["world_size"]) == (6, 2)
-    _assert_close(torch.load(tmp_path / "weights.pt"), single_device_weights)
+    assert_close(torch.load(tmp_path / "weights.pt"), single_device_weights)
 
 
 def test_torchrun_c10d_on_two_hosts_trains_as_one_device(hosts, tmp_path, single_device_weights):
     torchrun = ["--nnodes=2", "--nproc-per-node=1", "--rdzv-backend=c10d", "--rdzv-id=multihost"]
     _assert_succeeded(_run_on_hosts(hosts, tmp_path, [["--strategy", "ddp"]] * 2, torchrun=torchrun))
-    _assert_close(torch.load(tmp_path / "weights.pt"), single_device_weights)
+    assert_close(torch.load(tmp_path / "weights.pt"), single_device_weights)
 
 
 def test_fsdp_on_two_hosts_saves_sharded_checkpoints_and_resumes_from_them(hosts, tmp_path):
@@ -207,7 +178,7 @@ def test_a_host_whose_name_resolves_to_loopback_trains_over_the_interface_that_r
     _assert_succeeded(results)
     for _, output in results:
         assert "(loopback), where the other nodes cannot reach gloo; it listens on v" in output
-    _assert_close(torch.load(tmp_path / "weights.pt"), single_device_weights)
+    assert_close(torch.load(tmp_path / "weights.pt"), single_device_weights)
 
 
 def test_hosts_started_with_different_layouts_fail_at_once_naming_both(hosts, tmp_path):
@@ -232,7 +203,7 @@ def test_an_elastic_restart_of_one_host_rejoins_the_other_and_resumes_exactly(ho
     assert marker.exists()
     report = json.loads((tmp_path / "result.json").read_text())
     assert (report["started_at_step"], report["global_step"]) == (2, 6)
-    _assert_close(torch.load(tmp_path / "weights.pt"), single_device_weights)
+    assert_close(torch.load(tmp_path / "weights.pt"), single_device_weights)
 
 
 def test_a_signal_on_one_host_saves_on_every_host_at_the_next_step_and_the_resumed_run_ends_exactly(
@@ -261,4 +232,4 @@ def test_a_signal_on_one_host_saves_on_every_host_at_the_next_step_and_the_resum
     _assert_succeeded(_run_on_hosts(hosts, tmp_path, [resume] * 2))
     report = json.loads((tmp_path / "result.json").read_text())
     assert report["global_step"] == 6
-    _assert_close(torch.load(tmp_path / "weights.pt"), single_device_weights)
+    assert_close(torch.load(tmp_path / "weights.pt"), single_device_weights)
