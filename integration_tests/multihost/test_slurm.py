@@ -60,7 +60,7 @@ def test_a_preempted_sbatch_job_saves_requeues_itself_and_ends_as_an_uninterrupt
     script = tmp_path / "train.sbatch"
     script.write_text(
         "#!/bin/bash\n"
-        f"#SBATCH --nodes=2 --ntasks-per-node=1 --requeue --output={tmp_path}/slurm-%j-%r.out\n"
+        f"#SBATCH --nodes=2 --ntasks-per-node=1 --requeue --open-mode=append --output={tmp_path}/slurm-%j.out\n"
         f"srun {shlex.join([*job_command, '--ckpt-path', 'last'])}\n"
     )
     job = slurm.run(["sbatch", "--parsable", str(script)]).stdout.strip()
@@ -71,13 +71,20 @@ def test_a_preempted_sbatch_job_saves_requeues_itself_and_ends_as_an_uninterrupt
         time.sleep(0.2)
     # As SLURM's --signal=USR1@90 or a preemption's SIGTERM reach every task of the step.
     slurm.run(["scancel", f"--signal={signal_name}", job])
+    while (slurm.job_field(job, "Restarts"), slurm.job_field(job, "JobState")) != ("1", "PENDING"):
+        assert time.monotonic() < deadline, slurm.run(["scontrol", "show", "job", job]).stdout
+        time.sleep(0.2)
+    # SLURM makes a requeued batch job eligible 120 s later (its BeginTime); a test need not wait that long.
+    slurm.run(["scontrol", "update", f"JobId={job}", "StartTime=now"])
     while slurm.job_field(job, "JobState") != "COMPLETED":
         assert time.monotonic() < deadline, slurm.run(["scontrol", "show", "job", job]).stdout
         time.sleep(0.5)
-    assert slurm.job_field(job, "Restarts") == "1"
     preempted = sorted(path.name for path in checkpoints.glob("preempted-step=*.ckpt"))
     assert len(preempted) == 1, preempted
     report = json.loads((tmp_path / "result.json").read_text())
     assert report["global_step"] == 6
     assert f"preempted-step={report['started_at_step']}.ckpt" == preempted[0]
     assert_close(torch.load(tmp_path / "weights.pt"), single_device_weights)
+    output = (tmp_path / f"slurm-{job}.out").read_text()
+    assert f"SIG{signal_name}: saved " in output
+    assert f"job {job} requeued" in output
