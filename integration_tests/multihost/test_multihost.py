@@ -209,7 +209,7 @@ def test_an_elastic_restart_of_one_host_rejoins_the_other_and_resumes_exactly(ho
 def test_a_signal_on_one_host_saves_on_every_host_at_the_next_step_and_the_resumed_run_ends_exactly(
     hosts, tmp_path, single_device_weights
 ):
-    # SLURM's --signal=USR1@90 or a preemption's SIGTERM: here it reaches one host only, so the ranks must agree.
+    # A preemption's SIGTERM (USR1 in test_slurm), reaching one host only: the ranks must agree when to stop.
     checkpoints = tmp_path / "checkpoints"
     arguments = ["--strategy", "ddp", "--preemption", "--step-seconds", "1", "--steps", "6"]
 
@@ -217,7 +217,7 @@ def test_a_signal_on_one_host_saves_on_every_host_at_the_next_step_and_the_resum
         deadline = time.monotonic() + 120
         while not list(checkpoints.glob("*step=2.ckpt")) and time.monotonic() < deadline:
             time.sleep(0.1)
-        os.kill(processes[1].pid, signal.SIGUSR1)
+        os.kill(processes[1].pid, signal.SIGTERM)
 
     results = _run_on_hosts(hosts, tmp_path, [arguments] * 2, while_running=signal_once_a_checkpoint_is_there)
     _assert_succeeded(results)
@@ -226,7 +226,7 @@ def test_a_signal_on_one_host_saves_on_every_host_at_the_next_step_and_the_resum
     report = json.loads((tmp_path / "result.json").read_text())
     assert report["global_step"] < 6
     assert saved == [f"preempted-step={report['global_step']}.ckpt"]
-    assert "SIGUSR1" not in results[0][1]  # rank 0 did not receive it: it learnt it from rank 1
+    assert "SIGTERM" not in results[0][1]  # rank 0 did not receive it: it learnt it from rank 1
     assert "a signal on another rank: saved" in results[0][1]
     resume = ["--strategy", "ddp", "--steps", "6", "--ckpt-path", "last"]
     _assert_succeeded(_run_on_hosts(hosts, tmp_path, [resume] * 2))
