@@ -23,7 +23,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import stratagem
-from stratagem.callbacks import ModelCheckpoint, Preemption
+from stratagem.callbacks import ModelCheckpoint
 
 GLOBAL_BATCH = 16
 
@@ -85,6 +85,12 @@ def main() -> None:
     out = Path(args.out)
     world_size = args.devices * args.num_nodes
     checkpoints = ModelCheckpoint(dirpath=args.checkpoints or out / "checkpoints", every_n_train_steps=2, save_top_k=-1)
+    preemption = []
+    if args.preemption:
+        # Imported when asked: the other scenarios also run on a stratagem without it (checking the old defects).
+        from stratagem.callbacks import Preemption
+
+        preemption.append(Preemption())
     trainer = stratagem.Trainer(
         accelerator="cpu",
         strategy=args.strategy,
@@ -92,7 +98,7 @@ def main() -> None:
         num_nodes=args.num_nodes,
         max_steps=args.steps,
         default_root_dir=out,
-        callbacks=[checkpoints, *([Preemption()] if args.preemption else [])],
+        callbacks=[checkpoints, *preemption],
         enable_progress_bar=False,
         logger=False,
         num_sanity_val_steps=0,
