@@ -310,12 +310,14 @@ class ArrivalLog:
         parts: list[str] = []
         if behind:
             details = "; ".join(
-                f"rank {other} " + (f"was last in #{number} {text}" if number else "had not entered any yet")
+                f"rank {other} " + (f"last entered #{number} {text}" if number else "had not entered any yet")
                 for other, (number, text) in sorted(behind.items())
             )
             parts.append(
                 f"{_ranks(sorted(behind)).capitalize()} never arrived at this collective (#{self.count} on this rank): "
-                f"{details}."
+                f"{details}. (Only stratagem's own collectives are counted, not the gradient all-reduces inside DDP, "
+                "FSDP or DeepSpeed: a rank may have trained for many steps since. A rank whose node went away stops "
+                "where its own output ends.)"
             )
         if different:
             details = "; ".join(f"rank {other}: {text}" for other, text in sorted(different.items()))
