@@ -15,11 +15,11 @@ from pathlib import Path
 
 from hosts import Host
 
-DAEMONS = ("slurmctld", "slurmd", "srun", "sbatch", "scontrol", "scancel", "sinfo")
+TOOLS = ("slurmctld", "slurmd", "srun", "sbatch", "scontrol", "scancel", "sinfo", "squeue")
 
 
 def why_unavailable() -> str | None:
-    missing = [name for name in DAEMONS if shutil.which(name) is None]
+    missing = [name for name in TOOLS if shutil.which(name) is None]
     if missing:
         return f"{', '.join(missing)} not found: install Debian's slurm-wlm (.ci/run does)"
     return None
@@ -109,6 +109,13 @@ class SlurmCluster:
         return ""
 
     def stop(self) -> None:
+        """Cancel what still runs, then end the daemons and every process this cluster started: slurmstepd
+        daemonises, so a job a failed test left running outlives slurmd otherwise."""
+        if self._daemons:
+            self.run(["scancel", "--partition=test"], check=False)
+            deadline = time.monotonic() + 20
+            while self.run(["squeue", "-h"], check=False).stdout.strip() and time.monotonic() < deadline:
+                time.sleep(0.5)
         for daemon in self._daemons:
             try:
                 os.killpg(daemon.pid, signal.SIGKILL)
@@ -116,3 +123,21 @@ class SlurmCluster:
                 pass
             daemon.wait()
         self._daemons = []
+        for pid in self._processes_of_this_cluster():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    def _processes_of_this_cluster(self) -> list[int]:
+        """Processes whose environment names this cluster's slurm.conf (its step daemons and their tasks)."""
+        marker = f"SLURM_CONF={self.conf}".encode()
+        found = []
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit() and int(entry.name) != os.getpid():
+                try:
+                    if marker in (entry / "environ").read_bytes().split(b"\0"):
+                        found.append(int(entry.name))
+                except OSError:
+                    continue
+        return found
