@@ -123,9 +123,7 @@ def _connect_and_wait(
         ) from error
     problem: str | RanksDisagreeError | None = None
     if store_outlives_workers:
-        attempt = _this_attempt(dist.PrefixStore(prefix, store), rank, world_size, deadline)
-        if attempt.startswith("/"):
-            problem = attempt[1:]
+        attempt, problem = _this_attempt(dist.PrefixStore(prefix, store), rank, world_size, deadline)
         prefix = f"{prefix}/{attempt}"
     namespaced = dist.PrefixStore(prefix, store)
     if problem is None:
@@ -142,9 +140,9 @@ def _connect_and_wait(
     return namespaced, False
 
 
-def _this_attempt(store: dist.Store, rank: int, world_size: int, deadline: float) -> str:
+def _this_attempt(store: dist.Store, rank: int, world_size: int, deadline: float) -> tuple[str, str | None]:
     """A name for this attempt of the job that every rank started for it agrees on, where the store outlives
-    the workers (torchrun's agent store, kept across restarts); what went wrong instead, after a ``"/"``.
+    the workers (torchrun's agent store, kept across restarts); and what went wrong, or ``None``.
 
     torchrun restarts every worker of every node after a failure, but counts the restart only on the node
     whose worker failed (``TORCHELASTIC_RESTART_COUNT``): the count cannot name the attempt. Keys the ranks
@@ -159,10 +157,10 @@ def _this_attempt(store: dist.Store, rank: int, world_size: int, deadline: float
             try:
                 store.wait([f"welcome/{mine}"], timedelta(seconds=max(deadline - time.monotonic(), 0.1)))
             except dist.DistStoreError:
-                return "/rank 0 of this attempt did not answer within the join timeout (it was not started, or failed)"
+                return mine, "rank 0 of this attempt did not answer within the join timeout (not started, or failed)"
             attempt = store.get(f"welcome/{mine}").decode()
             store.set(f"ack/{attempt}/{rank}", mine)
-            return attempt
+            return attempt, None
         answered: dict[int, str] = {}
         while True:
             for other in range(1, world_size):
@@ -177,13 +175,13 @@ def _this_attempt(store: dist.Store, rank: int, world_size: int, deadline: float
                 if store.check([f"ack/{mine}/{other}"]) and store.get(f"ack/{mine}/{other}").decode() == hello
             ]
             if len(acknowledged) == world_size - 1:
-                return mine
+                return mine, None
             if time.monotonic() >= deadline:
                 missing = sorted(set(range(1, world_size)) - set(acknowledged))
-                return f"/{_ranks(missing)} of this attempt did not join within the join timeout"
+                return mine, f"{_ranks(missing)} of this attempt did not join within the join timeout"
             time.sleep(0.05)
     except dist.DistNetworkError:
-        return f"/{_STORE_WENT_AWAY}"
+        return mine, _STORE_WENT_AWAY
 
 
 def _wait_for_every_rank(
