@@ -113,13 +113,13 @@ def test_torchelastic_reads_ranks_and_rendezvous_from_torchrun_variables(monkeyp
     environment.validate_settings(num_devices=2, num_nodes=2)
 
 
-def test_torchelastic_names_each_restart_its_own_attempt_and_other_environments_have_one(monkeypatch):
+def test_only_torchruns_agent_store_outlives_the_workers(monkeypatch):
     _torchrun(monkeypatch)
-    monkeypatch.delenv("TORCHELASTIC_RESTART_COUNT", raising=False)
-    assert TorchElasticEnvironment().attempt == "0"
-    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "2")
-    assert TorchElasticEnvironment().attempt == "2"
-    assert LocalEnvironment().attempt == "0"
+    monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "True")
+    assert TorchElasticEnvironment().store_outlives_workers
+    monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "False")
+    assert not TorchElasticEnvironment().store_outlives_workers
+    assert not LocalEnvironment().store_outlives_workers
 
 
 def test_torchelastic_is_not_detected_without_the_run_id(monkeypatch):
@@ -172,6 +172,15 @@ def test_slurm_reads_ranks_from_srun_variables(monkeypatch):
 def test_slurm_is_not_detected_in_an_interactive_allocation(monkeypatch, job_name):
     _srun(monkeypatch, SLURM_JOB_NAME=job_name)
     assert not SLURMEnvironment.detect()
+
+
+def test_srun_tasks_under_a_wrapper_shell_are_ranks_although_the_job_is_named_bash(monkeypatch):
+    # srun -n8 bash -c "python train.py --devices 4 --num-nodes 2": each task is one rank, not a session
+    # that starts a local job of its own (which ran as many duplicate trainings as there were tasks).
+    _srun(monkeypatch, SLURM_JOB_NAME="bash", SLURM_STEP_NUM_TASKS=8)
+    assert isinstance(detect_environment(), SLURMEnvironment)
+    _srun(monkeypatch, SLURM_JOB_NAME="bash", SLURM_STEP_NUM_TASKS=1)
+    assert isinstance(detect_environment(), LocalEnvironment)
 
 
 def test_slurm_main_address_is_the_first_host_of_the_node_list(monkeypatch):

@@ -273,6 +273,11 @@ class DeepSpeedStrategy(ParallelStrategy, OwnsAccumulation):
     def checkpoint_io(self, checkpoint_io: CheckpointIO) -> None:
         self._checkpoint_io = checkpoint_io
 
+    @property
+    def checkpoint_written_by_every_rank(self) -> bool:
+        # The engine writes every rank's ZeRO shards itself, whatever the checkpoint IO declares.
+        return True
+
     def checkpoint_io_problem(self, checkpoint_io: CheckpointIO) -> str | None:
         if isinstance(checkpoint_io, DeepSpeedCheckpointIO):
             return None

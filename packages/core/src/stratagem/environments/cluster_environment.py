@@ -49,12 +49,11 @@ class ClusterEnvironment(ABC):
         """Index of this process's node."""
 
     @property
-    def attempt(self) -> str:
-        """Which attempt of the job this process belongs to, where a scheduler restarts every rank and
-        the new ranks meet in the same rendezvous store as the failed ones (torchrun's
-        ``--max-restarts``): the process group's keys are namespaced by it, so that a restarted rank
-        never reads the address of a rank that died."""
-        return "0"
+    def store_outlives_workers(self) -> bool:
+        """Whether the rendezvous store at :attr:`main_address` is hosted outside the ranks and kept when they
+        are restarted (torchrun's agent store): the ranks of a new attempt then meet among keys the failed
+        attempt left, and tell them apart by a handshake."""
+        return False
 
     def set_world_size(self, size: int) -> None:
         """Record the world size computed by stratagem; ignored where the scheduler sets it."""

@@ -18,7 +18,7 @@ _HINT = "srun sets it for every task it starts."
 
 INTERACTIVE_JOB_NAMES = ("bash", "interactive")
 """Job names of an interactive allocation (``salloc``, ``srun --pty bash``): processes there are
-started by the user, not by srun, so the SLURM environment is not used."""
+started by the user, not by srun, so the SLURM environment is not used (see :func:`is_interactive_allocation`)."""
 
 _PORT_BASE = 15000
 _PORT_SPAN = 10000
@@ -124,8 +124,15 @@ class SLURMEnvironment(ClusterEnvironment):
 
 
 def is_interactive_allocation() -> bool:
-    """Whether this is an interactive SLURM session, in which the user starts the processes."""
-    return SLURMEnvironment.job_name() in INTERACTIVE_JOB_NAMES
+    """Whether this is an interactive SLURM session, in which the user starts the processes.
+
+    Told by the job name, unless srun started this process as one of several tasks of a step
+    (``SLURM_STEP_NUM_TASKS`` > 1): ``srun -n2 bash -c "python train.py"`` is named ``bash`` too, and each of
+    its tasks is a rank, not a session that starts ranks of its own.
+    """
+    step_tasks = os.environ.get("SLURM_STEP_NUM_TASKS", "1")
+    several_tasks = step_tasks.isdigit() and int(step_tasks) > 1
+    return SLURMEnvironment.job_name() in INTERACTIVE_JOB_NAMES and not several_tasks
 
 
 def expand_nodelist(nodelist: str) -> list[str]:

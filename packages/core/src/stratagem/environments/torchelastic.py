@@ -47,10 +47,10 @@ class TorchElasticEnvironment(ClusterEnvironment):
         return os.environ.get("TORCHELASTIC_RUN_ID", "")
 
     @property
-    def attempt(self) -> str:
-        # torchrun keeps one store for all attempts by default (pytorch#135712). A change of membership
-        # restarts workers without counting, but it also changes WORLD_SIZE, which validate_settings refuses.
-        return os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    def store_outlives_workers(self) -> bool:
+        # torchrun hosts the store in its agent and keeps it across restarts (pytorch#135712), unless
+        # TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 makes worker rank 0 host a fresh one per attempt.
+        return os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == str(True)
 
     def world_size(self) -> int:
         return size_variable("WORLD_SIZE", hint=_HINT)

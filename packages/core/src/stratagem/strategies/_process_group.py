@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import socket
 import time
+import uuid
 from collections.abc import Sequence
 from datetime import timedelta
 
@@ -41,25 +42,42 @@ class RendezvousTimeoutError(RuntimeError):
     """The ranks did not all meet at the rendezvous within the join timeout."""
 
 
+class RanksDisagreeError(RuntimeError):
+    """Ranks that met at the rendezvous were started for different jobs (layouts), or twice as one rank."""
+
+
 def join_timeout() -> timedelta:
     """How long a rank waits for all ranks to join: ``STRATAGEM_JOIN_TIMEOUT`` seconds, default 120."""
     seconds = seconds_variable(JOIN_TIMEOUT_VARIABLE, DEFAULT_JOIN_TIMEOUT_SECONDS, maximum=MAX_JOIN_TIMEOUT_SECONDS)
     return timedelta(seconds=seconds)
 
 
-def join(address: str, port: int, rank: int, world_size: int, prefix: str, timeout: timedelta) -> dist.PrefixStore:
-    """Meet every rank at ``address:port`` (rank 0 hosts the store there) within ``timeout``, and return the
-    store, namespaced by ``prefix``, that the process group is built on.
+def join(
+    address: str,
+    port: int,
+    rank: int,
+    world_size: int,
+    prefix: str,
+    timeout: timedelta,
+    layout: str = "",
+    store_outlives_workers: bool = False,
+) -> dist.PrefixStore:
+    """Meet every rank at ``address:port`` within ``timeout``, and return the store, namespaced by ``prefix``
+    (and by the attempt where the store outlives the workers), that the process group is built on.
+
+    Rank 0 hosts the store there, unless ``store_outlives_workers`` (torchrun's agent hosts it and keeps it
+    across restarts). ``layout`` describes the job as this rank was started for it (``num_nodes``, ``devices``,
+    world size): every rank must bring the same one.
 
     Raises :class:`RendezvousTimeoutError` naming the address, and the ranks that joined and
-    those that did not where the store can tell.
+    those that did not where the store can tell; :class:`RanksDisagreeError` naming the ranks and hosts
+    whose layouts differ.
     """
     deadline = time.monotonic() + timeout.total_seconds()
-    # torchrun's agent hosts the store itself when it says so; every worker is then a client.
-    hosts_store = rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != str(True)
+    hosts_store = rank == 0 and not store_outlives_workers
     while True:
         namespaced, went_away = _connect_and_wait(
-            address, port, rank, world_size, prefix, timeout, deadline, hosts_store
+            address, port, rank, world_size, prefix, timeout, deadline, hosts_store, layout, store_outlives_workers
         )
         # A script running several runs: this rank may have reached the last run's store, which rank 0 had not
         # closed yet; rank 0 hosts the next one on the same port once it has.
@@ -76,6 +94,8 @@ def _connect_and_wait(
     timeout: timedelta,
     deadline: float,
     hosts_store: bool,
+    layout: str,
+    store_outlives_workers: bool,
 ) -> tuple[dist.PrefixStore, bool]:
     """One attempt at :func:`join`: the store, and whether it went away before every rank joined."""
     where = f"MASTER_ADDR:MASTER_PORT = {address}:{port}"
@@ -104,25 +124,104 @@ def _connect_and_wait(
         raise RendezvousTimeoutError(
             f"Rank {rank} could not connect to the rendezvous at {where} ({error}). {_ADVICE}"
         ) from error
+    problem: str | RanksDisagreeError | None = None
+    if store_outlives_workers:
+        attempt, problem = _this_attempt(dist.PrefixStore(prefix, store), rank, world_size, deadline)
+        prefix = f"{prefix}/{attempt}"
     namespaced = dist.PrefixStore(prefix, store)
-    problem = _wait_for_every_rank(namespaced, rank, world_size, deadline)
+    if problem is None:
+        problem = _wait_for_every_rank(namespaced, rank, world_size, deadline, layout)
     if problem is _STORE_WENT_AWAY and not hosts_store and time.monotonic() < deadline:
         return namespaced, True
     if problem is not None:
         # Released before raising: a store kept alive by the error's traceback would hold the port (a retry would
         # find it in use) and abort a process forked later that garbage-collects it.
         del namespaced, store
+        if isinstance(problem, RanksDisagreeError):
+            raise problem
         raise RendezvousTimeoutError(f"Rank {rank} at the rendezvous at {where}: {problem}. {_ADVICE}")
     return namespaced, False
 
 
-def _wait_for_every_rank(store: dist.Store, rank: int, world_size: int, deadline: float) -> str | None:
-    """Record this rank in ``store`` and wait until every rank did; what went wrong, or ``None``."""
+def _this_attempt(store: dist.Store, rank: int, world_size: int, deadline: float) -> tuple[str, str | None]:
+    """A name for this attempt of the job that every rank started for it agrees on, where the store outlives
+    the workers (torchrun's agent store, kept across restarts); and what went wrong, or ``None``.
+
+    torchrun restarts every worker of every node after a failure, but counts the restart only on the node
+    whose worker failed (``TORCHELASTIC_RESTART_COUNT``): the count cannot name the attempt. Keys the ranks
+    of a failed attempt left are told apart by a handshake instead: every rank announces a name of its own,
+    rank 0 answers each announcement with its own name, and waits until every rank acknowledged that answer.
+    A dead rank never acknowledges, and its replacement's announcement is answered when it comes.
+    """
+    mine = uuid.uuid4().hex
     try:
-        store.set(f"joined/{rank}", socket.gethostname())
+        if rank != 0:
+            store.set(f"hello/{rank}", mine)
+            try:
+                store.wait([f"welcome/{mine}"], timedelta(seconds=max(deadline - time.monotonic(), 0.1)))
+            except dist.DistStoreError:
+                return mine, "rank 0 of this attempt did not answer within the join timeout (not started, or failed)"
+            attempt = store.get(f"welcome/{mine}").decode()
+            store.set(f"ack/{attempt}/{rank}", mine)
+            return attempt, None
+        answered: dict[int, str] = {}
+        while True:
+            for other in range(1, world_size):
+                if store.check([f"hello/{other}"]):
+                    hello = store.get(f"hello/{other}").decode()
+                    if answered.get(other) != hello:
+                        store.set(f"welcome/{hello}", mine)
+                        answered[other] = hello
+            acknowledged = [
+                other
+                for other, hello in answered.items()
+                if store.check([f"ack/{mine}/{other}"]) and store.get(f"ack/{mine}/{other}").decode() == hello
+            ]
+            if len(acknowledged) == world_size - 1:
+                return mine, None
+            if time.monotonic() >= deadline:
+                missing = sorted(set(range(1, world_size)) - set(acknowledged))
+                return mine, f"{_ranks(missing)} of this attempt did not join within the join timeout"
+            time.sleep(0.05)
+    except dist.DistNetworkError:
+        return mine, _STORE_WENT_AWAY
+
+
+def _wait_for_every_rank(
+    store: dist.Store, rank: int, world_size: int, deadline: float, layout: str
+) -> str | RanksDisagreeError | None:
+    """Record this rank in ``store`` and wait until every rank did; what went wrong, or ``None``.
+
+    Once any rank finds that another one was started with a different layout or as the same rank, every
+    waiting rank returns that as a :class:`RanksDisagreeError`.
+    """
+    host = socket.gethostname()
+    try:
+        process = f"{host} (pid {os.getpid()})"
+        me = f"{process}\n{uuid.uuid4().hex}"
+        first = store.compare_set(f"process/{rank}", "", me).decode()
+        if first != me:
+            return _disagree(store, f"rank {rank} was started twice: on {first.partition(chr(10))[0]} and on {process}")
+        pinned = store.compare_set("layout", "", f"{rank}\n{host}\n{layout}").decode()
+        first_rank, first_host, first_layout = pinned.split("\n", 2)
+        if first_layout != layout:
+            return _disagree(
+                store,
+                f"rank {first_rank} on host {first_host} was started with {first_layout}, but rank {rank} on host "
+                f"{host} with {layout}",
+            )
+        store.set(f"joined/{rank}", host)
         if store.add("joined", 1) == world_size:
             store.set("all_joined", "1")
-        store.wait(["all_joined"], timedelta(seconds=max(deadline - time.monotonic(), 1.0)))
+        while True:
+            try:
+                store.wait(["all_joined"], timedelta(seconds=max(min(deadline - time.monotonic(), 0.5), 0.01)))
+                break
+            except dist.DistStoreError:
+                if store.check(["disagreement"]):
+                    return RanksDisagreeError(_disagreement_message(store.get("disagreement").decode()))
+                if time.monotonic() >= deadline:
+                    raise
     except dist.DistNetworkError:
         return _STORE_WENT_AWAY
     except dist.DistStoreError:
@@ -136,6 +235,20 @@ def _wait_for_every_rank(store: dist.Store, rank: int, world_size: int, deadline
             f"({_ranks(joined)} did)"
         )
     return None
+
+
+def _disagree(store: dist.Store, what: str) -> RanksDisagreeError:
+    """Tell the ranks waiting in ``store`` what is wrong; the error to raise here."""
+    store.set("disagreement", what)
+    return RanksDisagreeError(_disagreement_message(what))
+
+
+def _disagreement_message(what: str) -> str:
+    return (
+        f"The ranks that met at the rendezvous do not belong to one job: {what}. Start every node with the same "
+        "num_nodes and devices (devices = processes per node; world size = num_nodes x devices), each node with "
+        "its own node rank, and MASTER_PORT different for different jobs."
+    )
 
 
 def _wait_until_reachable(address: str, port: int, rank: int, deadline: float, where: str) -> None:
@@ -198,12 +311,14 @@ class ArrivalLog:
         parts: list[str] = []
         if behind:
             details = "; ".join(
-                f"rank {other} " + (f"was last in #{number} {text}" if number else "had not entered any yet")
+                f"rank {other} " + (f"last entered #{number} {text}" if number else "had not entered any yet")
                 for other, (number, text) in sorted(behind.items())
             )
             parts.append(
                 f"{_ranks(sorted(behind)).capitalize()} never arrived at this collective (#{self.count} on this rank): "
-                f"{details}."
+                f"{details}. (Only stratagem's own collectives are counted, not the gradient all-reduces inside DDP, "
+                "FSDP or DeepSpeed: a rank may have trained for many steps since. A rank whose node went away stops "
+                "where its own output ends.)"
             )
         if different:
             details = "; ".join(f"rank {other}: {text}" for other, text in sorted(different.items()))

@@ -20,6 +20,7 @@ from stratagem.launchers.rendezvous import check_placement
 from stratagem.mesh import MeshLayout
 from stratagem.precision import Precision
 from stratagem.strategies._backend_threads import wait_for_idle_gloo_workers
+from stratagem.strategies._network import choose_gloo_interface
 from stratagem.strategies._process_group import ArrivalLog, join, join_timeout
 from stratagem.strategies._process_group_options import (
     check_backend_fits_device,
@@ -214,8 +215,18 @@ class ParallelStrategy(Strategy, ABC):
         os.environ["MASTER_ADDR"] = address
         os.environ["MASTER_PORT"] = str(port)
         rank, world_size = environment.global_rank(), environment.world_size()
-        prefix = f"stratagem/attempt_{environment.attempt}/rendezvous_{next(_rendezvous_count)}"
-        store = join(address, port, rank, world_size, prefix=prefix, timeout=join_timeout())
+        if "gloo" in self.process_group_backend:
+            choose_gloo_interface(address, announce=environment.local_rank() == 0)
+        store = join(
+            address,
+            port,
+            rank,
+            world_size,
+            prefix=f"stratagem/rendezvous_{next(_rendezvous_count)}",
+            timeout=join_timeout(),
+            layout=f"num_nodes={self.num_nodes}, devices={self.num_processes} (world size {world_size})",
+            store_outlives_workers=environment.store_outlives_workers,
+        )
         # Once every rank joined, the store's users (the backend's own connections, subgroups, the arrival log)
         # are bounded like collectives.
         for layer in (store, store.underlying_store):

@@ -201,6 +201,13 @@ class Strategy(ABC):
         """
         return None
 
+    @property
+    def checkpoint_written_by_every_rank(self) -> bool:
+        """Whether every rank writes its part of each checkpoint (its shards) where the checkpoint is published,
+        so that the checkpoint directory must be one filesystem that every node mounts. By default, whether the
+        checkpoint IO :attr:`~stratagem.checkpoint_io.CheckpointIO.writes_collectively`."""
+        return self.checkpoint_io.writes_collectively
+
     def estimate_memory(self, footprint: ModelFootprint) -> MemoryEstimate:
         """What one rank would hold at its peak training a model of ``footprint``, as configured.
 

@@ -24,6 +24,7 @@ from stratagem.loggers.logger import Logger
 from stratagem.module import Module
 from stratagem.planning.auto import AutoRequest, choice_for_workers, choose_strategy
 from stratagem.strategies import LoopSettings, Strategy
+from stratagem.trainer.agreement import agree_on_checkpoint, check_checkpoint_directories_shared
 from stratagem.trainer.checkpointing import (
     build_checkpoint,
     load_requested_weights,
@@ -409,6 +410,7 @@ class Trainer:
             if returns_to_caller:
                 _make_tensors_private(module)
             strategy.setup_environment()
+            checkpoint = agree_on_checkpoint(self, checkpoint)
             if self.settings.deterministic:
                 torch.use_deterministic_algorithms(True)
             if self.settings.seed is not None:
@@ -430,6 +432,8 @@ class Trainer:
                 strategy.check_lr_schedulers([config.scheduler for config in setup.schedulers])
                 self.lr_scheduler_configs = setup.schedulers
             self._context.hooks.call("setup", self, module, stage)
+            if stage == "fit":
+                check_checkpoint_directories_shared(self)
             results: list[dict[str, float]] = []
             predictions = None
             if stage == "fit":
