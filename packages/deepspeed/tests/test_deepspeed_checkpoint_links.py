@@ -180,3 +180,14 @@ def test_a_checkpoint_reached_through_a_link_to_it_and_with_links_inside_it_load
     assert all(torch.equal(loaded[name], expected[name]) for name in expected)
     outcomes = workers.run(_resume, "deepspeed_stage_2", str(link))
     assert outcomes == ["loaded", "loaded"]
+
+
+def test_load_universal_on_a_plain_checkpoint_is_refused_by_name_also_through_a_link(workers, saved, tmp_path):
+    # Before: DeepSpeed's bare "AssertionError: .../zero/optimizer_state.pt ... is missing" on every rank.
+    link = tmp_path / "last.ckpt"
+    link.symlink_to(saved / "deepspeed_stage_2")
+    for path in (saved / "deepspeed_stage_2", link):
+        outcomes = workers.run(_resume, _universal(2), str(path))
+        assert all(_matches(r"sets checkpoint\.load_universal, but .* is not a universal", o) for o in outcomes), (
+            outcomes
+        )

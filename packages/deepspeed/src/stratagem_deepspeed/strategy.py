@@ -17,7 +17,15 @@ import torch
 from torch import nn
 from torch.optim import Optimizer
 
-from stratagem.checkpoint_io import CheckpointIO, LazyCheckpoint, PathLike, move_into_place, temporary_sibling
+from stratagem.checkpoint_io import (
+    CheckpointError,
+    CheckpointIO,
+    LazyCheckpoint,
+    PathLike,
+    move_into_place,
+    optional_checkpoint_file,
+    temporary_sibling,
+)
 from stratagem.checkpoint_io.safetensors_import import SafetensorsWeights, copy_whole, load_pretrained_weights
 from stratagem.strategies import (
     LoopSettings,
@@ -562,6 +570,7 @@ class DeepSpeedStrategy(ParallelStrategy, OwnsAccumulation):
         tag = layout.read_tag(directory)
         assert tag is not None
         check_shard_files(directory, tag, weights_only)
+        self._refuse_universal_load_of_a_plain_checkpoint(directory, tag)
         entries = read_state_file(directory, weights_only=weights_only)
         metadata = entries.pop(layout.METADATA_KEY, {})
         wants_optimizer = any(_is_optimizers(value) for value in state.values())
@@ -581,6 +590,19 @@ class DeepSpeedStrategy(ParallelStrategy, OwnsAccumulation):
                 continue
             entries.pop(key, None)
         return entries
+
+    def _refuse_universal_load_of_a_plain_checkpoint(self, directory: Path, tag: str) -> None:
+        # DeepSpeed's universal loader reads <tag>/zero/, which only ds_to_universal writes; on a plain ZeRO
+        # checkpoint it fails with a bare AssertionError on every rank.
+        if not self.config.get("checkpoint", {}).get("load_universal"):
+            return
+        if optional_checkpoint_file(directory, f"{tag}/zero/optimizer_state.pt") is None:
+            raise CheckpointError(
+                f"The DeepSpeed config sets checkpoint.load_universal, but {str(directory)!r} is not a universal "
+                f"checkpoint ({tag}/zero/optimizer_state.pt is missing); nothing was loaded. Remove load_universal "
+                "(stratagem resumes a plain ZeRO checkpoint at any stage and world size itself), or convert the "
+                "checkpoint with DeepSpeed's ds_to_universal first."
+            )
 
     def _load_full_weights(
         self, directory: Path, state: dict[str, Any], strict: bool, weights_only: bool
