@@ -315,6 +315,7 @@ class DeepSpeedStrategy(ParallelStrategy, OwnsAccumulation):
             if zero_init.param_swapper is not None:
                 self._nvme_swappers.append(zero_init.param_swapper)
             stack.enter_context(zero_init)
+            _unwrap_compiled_module_init()
             yield
 
     def setup_module(self, module: nn.Module) -> nn.Module:
@@ -656,6 +657,22 @@ class DeepSpeedStrategy(ParallelStrategy, OwnsAccumulation):
             f"DeepSpeedStrategy(stage={self.options.stage if self._config is None else self.zero_stage}, "
             f"devices={self.num_processes}, num_nodes={self.num_nodes})"
         )
+
+
+def _unwrap_compiled_module_init() -> None:
+    """Give ``OptimizedModule`` back its own ``__init__`` while ``zero.Init`` is entered.
+
+    ``zero.Init`` wraps every module class's ``__init__`` to partition the parameters it creates. The wrapper
+    reads attributes of the new module before ``OptimizedModule.__init__`` has set ``_orig_mod``, which its
+    ``__getattr__`` needs, so ``torch.compile(submodule)`` in ``configure_model`` recursed without end. It
+    creates no parameters of its own (those of the module it wraps are partitioned already), and
+    ``zero.Init``'s exit restores the same original ``__init__``.
+    """
+    from torch._dynamo.eval_frame import OptimizedModule
+
+    original = OptimizedModule.__dict__.get("_old_init")
+    if original is not None:
+        OptimizedModule.__init__ = original  # type: ignore[method-assign]
 
 
 def _is_optimizers(value: Any) -> bool:
