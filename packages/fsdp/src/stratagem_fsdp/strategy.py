@@ -28,6 +28,7 @@ from torch.utils._pytree import tree_map
 
 from stratagem.checkpoint_io import CheckpointError, CheckpointIO, LazyCheckpoint, PathLike, read_full_checkpoint
 from stratagem.strategies import (
+    BlockPolicy,
     BackwardSyncControl,
     MemoryEstimate,
     ModelFootprint,
@@ -252,6 +253,13 @@ class FSDPStrategy(ParallelStrategy, BackwardSyncControl):
                 )
         self._module, self._model = module, root
         return root
+
+    def compile_blocks(self) -> BlockPolicy | None:
+        # The FSDP units are the blocks: each compiled region then runs between its unit's gather and free.
+        selector = self._auto_wrap
+        if selector is None:
+            return None
+        return lambda module: selector(module, sum(parameter.numel() for parameter in module.parameters()))
 
     def setup_optimizers(self, optimizers: list[Optimizer]) -> list[Optimizer]:
         optimizers = super().setup_optimizers(optimizers)
