@@ -10,7 +10,8 @@ the same seed and the same global batches:
    ``configure_model``;
 3. ``validate``: the compiled run's checkpoint validated by an uncompiled module.
 
-Rank 0 writes ``<root>/results.json``: each fit's per-step losses (mean over ranks), the graphs dynamo compiled in each, the validation loss, the checkpoint paths.
+Rank 0 writes ``<root>/results.json``: each fit's per-step losses (mean over ranks), the graphs dynamo compiled
+in each, the validation loss, the checkpoint paths.
 """
 
 from __future__ import annotations

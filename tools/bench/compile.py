@@ -111,7 +111,8 @@ def _row(contender: str, result: dict[str, Any]) -> str:
         f"{eager['raw_steps_per_s']:.1f} ({eager['ratio']:.3f}x) | compiled: strategy "
         f"{compiled['strategy_steps_per_s']:.1f}, by hand {compiled['raw_steps_per_s']:.1f} ({compiled['ratio']:.3f}x) "
         f"| compiled/uncompiled strategy {compiled['strategy_steps_per_s'] / eager['strategy_steps_per_s']:.2f}x "
-        f"| warm-up (compile) strategy {result['warmup_s']['strategy']:.1f} s, by hand {result['warmup_s']['raw']:.1f} s"
+        f"| warm-up (compile) strategy {result['warmup_s']['strategy']:.1f} s, "
+        f"by hand {result['warmup_s']['raw']:.1f} s"
     )
 
 

@@ -28,8 +28,8 @@ from torch.utils._pytree import tree_map
 
 from stratagem.checkpoint_io import CheckpointError, CheckpointIO, LazyCheckpoint, PathLike, read_full_checkpoint
 from stratagem.strategies import (
-    BlockPolicy,
     BackwardSyncControl,
+    BlockPolicy,
     MemoryEstimate,
     ModelFootprint,
     ParallelStrategy,

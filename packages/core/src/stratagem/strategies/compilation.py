@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -83,7 +84,9 @@ def _block_classes(blocks: object) -> tuple[type[nn.Module], ...] | None:
 
 def unwrap_compiled(module: Any) -> tuple[Any, CompileSettings | None]:
     """The module inside ``torch.compile(module)`` and how it was compiled; anything else as it is, with ``None``."""
-    from torch._dynamo.eval_frame import OptimizedModule
+    OptimizedModule = _optimized_module_class()
+    if OptimizedModule is None:
+        return module, None
 
     if not isinstance(module, OptimizedModule):
         return module, None
@@ -97,7 +100,9 @@ def compile_submodules_in_place(module: nn.Module) -> None:
     ``configure_model``) stays compiled, but its parameters lose the ``_orig_mod`` in their names, so that
     checkpoints fit the uncompiled module and the strategies' wrapping policies see the user's classes.
     """
-    from torch._dynamo.eval_frame import OptimizedModule
+    OptimizedModule = _optimized_module_class()
+    if OptimizedModule is None:
+        return
 
     for parent in list(module.modules()):
         for name, child in list(parent._modules.items()):
@@ -106,6 +111,13 @@ def compile_submodules_in_place(module: nn.Module) -> None:
                 # What nn.Module.compile() does, with the compiled module's own dynamo context.
                 original._compiled_call_impl = child.dynamo_ctx(original._call_impl)
                 parent._modules[name] = original
+
+
+def _optimized_module_class() -> type[nn.Module] | None:
+    """``torch.compile``'s module class, or ``None`` when nothing imported dynamo (so nothing was compiled):
+    importing it takes seconds, which a run that compiles nothing must not pay (in every process)."""
+    eval_frame = sys.modules.get("torch._dynamo.eval_frame")
+    return None if eval_frame is None else eval_frame.OptimizedModule
 
 
 def strip_compile_prefix(state_dict: dict[str, Any]) -> dict[str, Any]:

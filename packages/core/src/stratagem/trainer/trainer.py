@@ -99,7 +99,7 @@ class Trainer:
         deterministic: bool = False,
         seed: int | None = None,
         use_distributed_sampler: bool = True,
-        compile: bool | dict[str, Any] | None = False,  # noqa: A002 - Lightning users know torch.compile by it
+        compile: bool | dict[str, Any] | None = False,
     ) -> None:
         self.compile_settings = parse_compile_option(compile)
         # The loop options are the parameters named like TrainerSettings' fields; parse_settings checks them all.
