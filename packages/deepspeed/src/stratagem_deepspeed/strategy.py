@@ -314,8 +314,11 @@ class DeepSpeedStrategy(ParallelStrategy, OwnsAccumulation):
             )
             if zero_init.param_swapper is not None:
                 self._nvme_swappers.append(zero_init.param_swapper)
+            # Imported before zero.Init patches the module classes that exist, so that its patch can be undone.
+            from torch._dynamo.eval_frame import OptimizedModule
+
             stack.enter_context(zero_init)
-            _unwrap_compiled_module_init()
+            _restore_own_init(OptimizedModule)
             yield
 
     def setup_module(self, module: nn.Module) -> nn.Module:
@@ -659,8 +662,9 @@ class DeepSpeedStrategy(ParallelStrategy, OwnsAccumulation):
         )
 
 
-def _unwrap_compiled_module_init() -> None:
-    """Give ``OptimizedModule`` back its own ``__init__`` while ``zero.Init`` is entered.
+def _restore_own_init(optimized_module: type[nn.Module]) -> None:
+    """Give ``OptimizedModule`` (``torch.compile(module)``'s class) back its own ``__init__`` while ``zero.Init``
+    is entered.
 
     ``zero.Init`` wraps every module class's ``__init__`` to partition the parameters it creates. The wrapper
     reads attributes of the new module before ``OptimizedModule.__init__`` has set ``_orig_mod``, which its
@@ -668,11 +672,9 @@ def _unwrap_compiled_module_init() -> None:
     creates no parameters of its own (those of the module it wraps are partitioned already), and
     ``zero.Init``'s exit restores the same original ``__init__``.
     """
-    from torch._dynamo.eval_frame import OptimizedModule
-
-    original = OptimizedModule.__dict__.get("_old_init")
+    original = optimized_module.__dict__.get("_old_init")
     if original is not None:
-        OptimizedModule.__init__ = original  # type: ignore[method-assign]
+        optimized_module.__init__ = original  # type: ignore[method-assign]
 
 
 def _is_optimizers(value: Any) -> bool:
