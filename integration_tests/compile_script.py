@@ -8,10 +8,11 @@ the same seed and the same global batches:
    steps, then an uncompiled fit resuming from that checkpoint (compiled -> uncompiled), then one resuming from
    the uncompiled one's checkpoint (uncompiled -> compiled) with a module that compiles its blocks itself in
    ``configure_model``;
-3. ``validate``: the compiled run's checkpoint validated by an uncompiled module.
+3. ``validate``: the compiled run's checkpoint validated by an uncompiled module, and ``--legacy`` (a
+   checkpoint whose keys hold ``_orig_mod``, as compiled modules were saved before) too.
 
 Rank 0 writes ``<root>/results.json``: each fit's per-step losses (mean over ranks), the graphs dynamo compiled
-in each, the validation loss, the checkpoint paths.
+in each, the validation losses, the checkpoint paths.
 """
 
 from __future__ import annotations
@@ -120,6 +121,7 @@ def main() -> None:
     parser.add_argument("--strategy", required=True)
     parser.add_argument("--root", type=Path, required=True)
     parser.add_argument("--backend", default="eager")
+    parser.add_argument("--legacy", type=Path, required=True, help="a checkpoint whose keys hold _orig_mod")
     args = parser.parse_args()
     devices = 1 if args.strategy == "single_device" else 2
 
@@ -169,6 +171,8 @@ def main() -> None:
     validator, _ = trainer("validate", STEPS)
     [metrics] = validator.validate(fresh_module(), dataloader(devices), ckpt_path=compiled_checkpoint)
     results["validated_uncompiled"] = metrics["val_loss"]
+    [metrics] = validator.validate(fresh_module(), dataloader(devices), ckpt_path=args.legacy)
+    results["validated_legacy"] = metrics["val_loss"]
     results["checkpoints"] = {
         name: str(args.root / name / "last.ckpt")
         for name in ("compiled", "blocks_half", "resumed_uncompiled", "resumed_compiled")

@@ -26,8 +26,8 @@ TOLERANCE = 1e-5
 
 
 def reference(root: Path) -> dict[str, object]:
-    """Uncompiled single_device in this process: the losses of 6 steps, the validation loss after them, and
-    the 2 steps of a fit resumed from there to step 8."""
+    """Uncompiled single_device in this process: the losses of 6 steps, the validation loss after them, the
+    2 steps of a fit resumed from there to step 8, and the 6 steps' checkpoint with ``_orig_mod`` in its keys."""
 
     def trainer(max_steps: int, recorder: RecordLosses) -> Trainer:
         return Trainer(
@@ -45,7 +45,15 @@ def reference(root: Path) -> dict[str, object]:
     trainer(STEPS, first).fit(fresh_module(), dataloader(1))
     [metrics] = trainer(STEPS, RecordLosses()).validate(fresh_module(), dataloader(1), ckpt_path=root / "last.ckpt")
     trainer(STEPS + 2, resumed).fit(fresh_module(), dataloader(1), ckpt_path=root / "last.ckpt")
-    return {"losses": first.losses, "val_loss": metrics["val_loss"], "resumed": resumed.losses}
+    legacy = torch.load(root / "last.ckpt", weights_only=True)
+    legacy["module"] = {key.replace("blocks.", "blocks._orig_mod."): value for key, value in legacy["module"].items()}
+    torch.save(legacy, root / "legacy.ckpt")
+    return {
+        "losses": first.losses,
+        "val_loss": metrics["val_loss"],
+        "resumed": resumed.losses,
+        "legacy": root / "legacy.ckpt",
+    }
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +69,7 @@ def test_a_compiled_module_trains_like_uncompiled_single_device_and_its_checkpoi
 ):
     root = tmp_path / strategy
     result = subprocess.run(
-        [sys.executable, str(SCRIPT), "--strategy", strategy, "--root", str(root)],
+        [sys.executable, str(SCRIPT), "--strategy", strategy, "--root", str(root), "--legacy", str(expected["legacy"])],
         cwd=tmp_path,
         env={**os.environ, **WORKER_ENV},
         capture_output=True,
@@ -80,6 +88,7 @@ def test_a_compiled_module_trains_like_uncompiled_single_device_and_its_checkpoi
     # Uncompiled checkpoint, resumed by a module that compiles its blocks in configure_model.
     assert results["resumed_compiled"] == pytest.approx(expected["resumed"], rel=TOLERANCE)
     assert results["validated_uncompiled"] == pytest.approx(expected["val_loss"], rel=TOLERANCE)
+    assert results["validated_legacy"] == pytest.approx(expected["val_loss"], rel=TOLERANCE)
 
     uncompiled_names = set(Net().state_dict())
     for name, path in results["checkpoints"].items():

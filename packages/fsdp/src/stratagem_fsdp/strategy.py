@@ -38,6 +38,7 @@ from stratagem.strategies import (
     releases_host_memory,
     split_parallel_options,
 )
+from stratagem.strategies.compilation import strip_compile_prefix
 from stratagem_fsdp.checkpoint_io import DistributedCheckpointIO
 from stratagem_fsdp.materialize import has_meta_tensors, materialize
 from stratagem_fsdp.memory import RELEASING_STEP_TIME, fsdp_estimate
@@ -386,7 +387,7 @@ class FSDPStrategy(ParallelStrategy, BackwardSyncControl):
     def _load_state(self, target: Any, value: Any, options: StateDictOptions, index_keyed: bool = False) -> None:
         """Load ``value`` into ``target``. Whole states broadcast from rank 0 come with ``index_keyed`` optimizers."""
         if isinstance(target, nn.Module):
-            set_model_state_dict(target, value or {}, options=options)
+            set_model_state_dict(target, strip_compile_prefix(value or {}), options=options)
         elif isinstance(target, Optimizer):
             if index_keyed and value:
                 value = to_name_keyed(value, parameter_names(self.module, target))
