@@ -44,10 +44,10 @@ def reference(root: Path) -> dict[str, object]:
     first, resumed = RecordLosses(), RecordLosses()
     trainer(STEPS, first).fit(fresh_module(), dataloader(1))
     [metrics] = trainer(STEPS, RecordLosses()).validate(fresh_module(), dataloader(1), ckpt_path=root / "last.ckpt")
-    trainer(STEPS + 2, resumed).fit(fresh_module(), dataloader(1), ckpt_path=root / "last.ckpt")
     legacy = torch.load(root / "last.ckpt", weights_only=True)
     legacy["module"] = {key.replace("blocks.", "blocks._orig_mod."): value for key, value in legacy["module"].items()}
     torch.save(legacy, root / "legacy.ckpt")
+    trainer(STEPS + 2, resumed).fit(fresh_module(), dataloader(1), ckpt_path=root / "last.ckpt")
     return {
         "losses": first.losses,
         "val_loss": metrics["val_loss"],
