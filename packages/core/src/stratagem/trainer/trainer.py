@@ -104,7 +104,6 @@ class Trainer:
         self.compile_settings = parse_compile_option(compile)
         # The loop options are the parameters named like TrainerSettings' fields; parse_settings checks them all.
         arguments = locals()
-        del arguments["compile"]
         self.settings = parse_settings({name: arguments[name] for name in SETTING_NAMES})
         self.callbacks = _arrange_callbacks(callbacks, enable_progress_bar, enable_checkpointing)
         self.loggers = _make_loggers(logger, self.settings.default_root_dir)
