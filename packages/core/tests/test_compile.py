@@ -207,3 +207,16 @@ def test_blocks_the_model_does_not_have_are_refused_before_the_first_step(tmp_pa
     with pytest.raises(ValueError, match=r"names the blocks LSTM, but Net has no submodule of those classes"):
         trainer.fit(module, data())
     assert module.steps_seen == 0
+
+
+def test_weights_a_spawned_run_sends_back_load_into_a_caller_module_that_compiles_its_blocks(tmp_path):
+    from stratagem.trainer.worker_output import WorkerOutput
+
+    worker_module = fresh("eager")
+    worker_module.configure_model()
+    compile_submodules_in_place(worker_module)
+    caller_module = fresh("eager")
+    trainer = make_trainer(tmp_path)
+    sent = WorkerOutput(module_state=worker_module.state_dict(), fit_progress=trainer.fit_progress.state_dict())
+    sent.apply(trainer, trainer._context, caller_module)
+    assert_same_weights(caller_module.state_dict(), worker_module.state_dict())
