@@ -113,7 +113,7 @@ def compile_submodules_in_place(module: nn.Module) -> None:
                 parent._modules[name] = original
 
 
-def _optimized_module_class() -> type[nn.Module] | None:
+def _optimized_module_class() -> type[Any] | None:
     """``torch.compile``'s module class, or ``None`` when nothing imported dynamo (so nothing was compiled):
     importing it takes seconds, which a run that compiles nothing must not pay (in every process)."""
     eval_frame = sys.modules.get("torch._dynamo.eval_frame")
