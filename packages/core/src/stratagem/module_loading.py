@@ -83,6 +83,7 @@ def load_module(
     (``configure_model``) and load the checkpoint's weights, whichever strategy wrote it."""
     from stratagem.checkpoint_io import TorchCheckpointIO
     from stratagem.checkpoint_io.readers import read_full_checkpoint
+    from stratagem.strategies.compilation import compile_submodules_in_place, strip_compile_prefix
     from stratagem.trainer.checkpointing import check_trainer_entries
 
     if map_location is not None and not isinstance(map_location, str | torch.device):
@@ -99,7 +100,9 @@ def load_module(
     arguments = {**_saved_arguments(checkpoint, checkpoint_path), **overrides}
     module = _construct(module_class, arguments, checkpoint_path, HYPER_PARAMETERS_KEY in checkpoint)
     module.configure_model()
-    module.load_state_dict(checkpoint.pop("module"), strict=strict)
+    # Submodules the module compiles keep the names they have uncompiled, which are the checkpoint's.
+    compile_submodules_in_place(module)
+    module.load_state_dict(strip_compile_prefix(checkpoint.pop("module")), strict=strict)
     # The checkpoint's weights are the module's now: a later run must not load what configure_model asked for.
     module.__dict__.pop("_pretrained_requests", None)
     module.on_load_checkpoint(checkpoint)

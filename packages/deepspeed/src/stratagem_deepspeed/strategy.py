@@ -39,6 +39,7 @@ from stratagem.strategies import (
     skip_parameter_init,
     split_parallel_options,
 )
+from stratagem.strategies.compilation import strip_compile_prefix
 from stratagem.strategies.rank_zero_build import rank_zero_build, refuse_differently_built, refuse_meta_attributes
 from stratagem_deepspeed import checkpoint_layout as layout
 from stratagem_deepspeed.activation_checkpointing import (
@@ -618,7 +619,7 @@ class DeepSpeedStrategy(ParallelStrategy, OwnsAccumulation):
         remaining = LazyCheckpoint.shallow_copy(checkpoint)
         for key, target in state.items():
             if isinstance(target, nn.Module):
-                load_module_state(self.module, remaining.pop(key), strict)
+                load_module_state(self.module, strip_compile_prefix(remaining.pop(key)), strict)
             elif _is_optimizers(target):
                 saved = remaining.pop(key, None)
                 # Optimizer state swapped to NVMe exists only in DeepSpeed's own swap files.

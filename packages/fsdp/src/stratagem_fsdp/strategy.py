@@ -38,6 +38,7 @@ from stratagem.checkpoint_io.async_io import AsyncCheckpointIO
 from stratagem.checkpoint_io.safetensors_import import SafetensorsWeights, copy_whole, load_pretrained_weights
 from stratagem.strategies import (
     BackwardSyncControl,
+    BlockPolicy,
     MemoryEstimate,
     ModelFootprint,
     ParallelStrategy,
@@ -47,6 +48,7 @@ from stratagem.strategies import (
     skip_parameter_init,
     split_parallel_options,
 )
+from stratagem.strategies.compilation import strip_compile_prefix
 from stratagem.strategies.rank_zero_build import rank_zero_build, refuse_differently_built, refuse_meta_attributes
 from stratagem_fsdp.async_checkpoint_io import AsyncDistributedCheckpointIO
 from stratagem_fsdp.checkpoint_io import DistributedCheckpointIO
@@ -278,6 +280,13 @@ class FSDPStrategy(ParallelStrategy, BackwardSyncControl):
         self._module, self._model = module, root
         return root
 
+    def compile_blocks(self) -> BlockPolicy | None:
+        # The FSDP units are the blocks: each compiled region then runs between its unit's gather and free.
+        selector = self._auto_wrap
+        if selector is None:
+            return None
+        return lambda module: selector(module, sum(parameter.numel() for parameter in module.parameters()))
+
     def setup_optimizers(self, optimizers: list[Optimizer]) -> list[Optimizer]:
         optimizers = super().setup_optimizers(optimizers)
         for optimizer in optimizers:
@@ -397,7 +406,7 @@ class FSDPStrategy(ParallelStrategy, BackwardSyncControl):
     def _load_state(self, target: Any, value: Any, options: StateDictOptions, index_keyed: bool = False) -> None:
         """Load ``value`` into ``target``. Whole states broadcast from rank 0 come with ``index_keyed`` optimizers."""
         if isinstance(target, nn.Module):
-            set_model_state_dict(target, value or {}, options=options)
+            set_model_state_dict(target, strip_compile_prefix(value or {}), options=options)
         elif isinstance(target, Optimizer):
             if index_keyed and self.broadcast(_holds_no_tensors(value)):
                 # torch's broadcast of a whole optimizer state needs a tensor to learn the device from, and

@@ -11,6 +11,7 @@ from stratagem.strategies.capabilities import (
     StepBoundary,
     StepBoundaryListener,
 )
+from stratagem.strategies.compilation import BlockPolicy, CompileSettings
 from stratagem.strategies.host_allocator import (
     check_release_host_memory,
     release_freed_host_memory,
@@ -24,6 +25,8 @@ from stratagem.strategies.strategy import LoopSettings, ReduceOp, Strategy, Stra
 
 __all__ = [
     "BackwardSyncControl",
+    "BlockPolicy",
+    "CompileSettings",
     "EngineSteps",
     "FeedsBatchesToDevice",
     "LoaderStage",

@@ -20,6 +20,8 @@ def call_through_forward(wrapper: nn.Module, module: nn.Module, step_name: str, 
     if wrapper is module and not _has_forward_hooks(module):
         return step(*args)
     original_forward = module.forward
+    # A forward set on the instance (a compiled one) is put back; a class's forward is left to the class.
+    own_forward = "forward" in module.__dict__
 
     def redirected(*inner_args: Any, **inner_kwargs: Any) -> Any:
         module.forward = original_forward  # type: ignore[method-assign]
@@ -29,9 +31,10 @@ def call_through_forward(wrapper: nn.Module, module: nn.Module, step_name: str, 
     try:
         return wrapper(*args)
     finally:
-        module.forward = original_forward  # type: ignore[method-assign]
-        if module.__dict__.get("forward") is original_forward:
-            del module.__dict__["forward"]
+        if own_forward:
+            module.forward = original_forward  # type: ignore[method-assign]
+        else:
+            module.__dict__.pop("forward", None)
 
 
 def step_caller(wrapper: nn.Module, module: nn.Module, step_name: str) -> Callable[..., Any]:

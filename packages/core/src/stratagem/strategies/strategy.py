@@ -22,6 +22,7 @@ from stratagem.precision import Precision
 from stratagem.strategies._batch import move_to_device
 from stratagem.strategies._forward_redirect import call_through_forward
 from stratagem.strategies.capabilities import adopt_legacy_capabilities
+from stratagem.strategies.compilation import BlockPolicy, CompiledRegions, CompileSettings, strip_compile_prefix
 from stratagem.strategies.constructor_signature import check_option_names, signature_with_forwarded_options
 from stratagem.strategies.init_contexts import skip_parameter_init
 from stratagem.strategies.memory import MemoryEstimate, ModelFootprint, replicated_estimate
@@ -92,6 +93,7 @@ class Strategy(ABC):
         self._model: nn.Module | None = None
         self.loop_settings = LoopSettings()
         self._in_run = False
+        self._compiled_regions: CompiledRegions | None = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -319,6 +321,23 @@ class Strategy(ABC):
                 f"configure_optimizers returned {len(schedulers)}."
             )
 
+    def compile_blocks(self) -> BlockPolicy | None:
+        """Which submodules :meth:`compile_module` compiles one region each when the user names no blocks, or
+        ``None`` to compile the module's ``forward`` whole. A strategy that wraps per block (FSDP's wrap policy)
+        answers with those blocks."""
+        return None
+
+    def compile_module(self, settings: CompileSettings) -> None:
+        """Compile the set-up module in place, as ``settings`` say, once the strategy has wrapped it.
+
+        Called in every worker after :meth:`setup_module` (and, in ``fit``, :meth:`setup_optimizers`, where an
+        engine may wrap). Parameter names stay as they were, so checkpoints are the uncompiled module's, and the
+        wrapper's hooks run around each compiled region. :meth:`teardown` removes the compiled regions again.
+        """
+        if self._compiled_regions is not None:
+            self._compiled_regions.restore()
+        self._compiled_regions = CompiledRegions.compile(self.module, settings, self.compile_blocks())
+
     @property
     def module(self) -> nn.Module:
         """The user's module (unwrapped)."""
@@ -457,7 +476,7 @@ class Strategy(ABC):
         remaining = LazyCheckpoint.shallow_copy(checkpoint)
         for key, target in state.items():
             if isinstance(target, nn.Module):
-                target.load_state_dict(remaining.pop(key), strict=strict)
+                target.load_state_dict(strip_compile_prefix(remaining.pop(key)), strict=strict)
             elif isinstance(target, Optimizer):
                 target.load_state_dict(remaining.pop(key))
             elif isinstance(target, list | tuple) and target and isinstance(target[0], Optimizer):
@@ -508,6 +527,9 @@ class Strategy(ABC):
     def teardown(self) -> None:
         """Release everything :meth:`setup_environment` and :meth:`setup_module` acquired."""
         self._in_run = False
+        if self._compiled_regions is not None:
+            self._compiled_regions.restore()
+            self._compiled_regions = None
         self.checkpoint_io.teardown()
         self.precision.teardown()
         if self._accelerator is not None:

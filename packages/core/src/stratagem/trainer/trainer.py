@@ -24,6 +24,12 @@ from stratagem.loggers.logger import Logger
 from stratagem.module import Module
 from stratagem.planning.auto import AutoRequest, choice_for_workers, choose_strategy
 from stratagem.strategies import LoopSettings, Strategy
+from stratagem.strategies.compilation import (
+    CompileSettings,
+    compile_submodules_in_place,
+    parse_compile_option,
+    unwrap_compiled,
+)
 from stratagem.trainer.agreement import agree_on_checkpoint, check_checkpoint_directories_shared
 from stratagem.trainer.checkpointing import (
     build_checkpoint,
@@ -106,7 +112,9 @@ class Trainer:
         seed: int | None = None,
         use_distributed_sampler: bool = True,
         nonfinite: NonFinite = "error",
+        compile: bool | dict[str, Any] | None = False,
     ) -> None:
+        self.compile_settings = parse_compile_option(compile)
         # The loop options are the parameters named like TrainerSettings' fields; parse_settings checks them all.
         arguments = locals()
         self.settings = parse_settings({name: arguments[name] for name in SETTING_NAMES})
@@ -341,10 +349,18 @@ class Trainer:
         ckpt_path: Any,
         weights_only: bool,
     ) -> WorkerOutput:
+        module, compiled_with = unwrap_compiled(module)
         if not isinstance(module, Module):
             raise TypeError(
                 f"Trainer.{stage}() needs a stratagem.Module; got {type(module).__name__}. Subclass stratagem.Module."
             )
+        if compiled_with is not None and self.compile_settings is not None:
+            raise ValueError(
+                f"Trainer.{stage}() got torch.compile({type(module).__name__}) from a Trainer made with "
+                f"{self.compile_settings.description}: say once how to compile. Pass the module uncompiled, or make "
+                "the Trainer with compile=False."
+            )
+        compile_settings = compiled_with or self.compile_settings
         if not isinstance(weights_only, bool):
             raise TypeError(f"weights_only={weights_only!r} is not valid; expected True or False.")
         planned = self._plan_strategy(module) if stage == "fit" and self._auto_request is not None else None
@@ -366,7 +382,14 @@ class Trainer:
         returns_to_caller = not launcher.caller_is_worker
         with choice_for_workers(planned) if planned is not None else contextlib.nullcontext():
             output: WorkerOutput = launcher.launch(
-                self._run_in_worker, stage, module, loaders, checkpoint, weights_only, returns_to_caller
+                self._run_in_worker,
+                stage,
+                module,
+                loaders,
+                checkpoint,
+                weights_only,
+                returns_to_caller,
+                compile_settings,
             )
         if returns_to_caller:
             output.apply(self, self._context, module)
@@ -397,6 +420,7 @@ class Trainer:
         checkpoint: str | None,
         weights_only: bool,
         returns_to_caller: bool,
+        compile_settings: CompileSettings | None,
     ) -> WorkerOutput:
         strategy = self.strategy
         module._attach_run(self, self._context)
@@ -419,6 +443,7 @@ class Trainer:
             # sharded strategies build on the meta device and initialise each rank's shards.
             with strategy.module_init_context(empty_init=True if checkpoint is not None else None):
                 module.configure_model()
+            compile_submodules_in_place(module)
             strategy.setup_module(module)
             load_requested_weights(strategy, module)
             if stage == "fit":
@@ -431,6 +456,8 @@ class Trainer:
                 self.optimizers = strategy.setup_optimizers(setup.optimizers)
                 strategy.check_lr_schedulers([config.scheduler for config in setup.schedulers])
                 self.lr_scheduler_configs = setup.schedulers
+            if compile_settings is not None:
+                strategy.compile_module(compile_settings)
             self._context.hooks.call("setup", self, module, stage)
             if stage == "fit":
                 check_checkpoint_directories_shared(self)

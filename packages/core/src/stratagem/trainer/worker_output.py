@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.utils._pytree import tree_map
 
+from stratagem.strategies.compilation import compile_submodules_in_place
 from stratagem.trainer.progress import Throughput
 
 if TYPE_CHECKING:
@@ -69,6 +70,8 @@ class WorkerOutput:
                 logger.version = version
         if self.module_state:
             module.configure_model()
+            # As in the workers, whose state this is: submodules compiled there keep their uncompiled names.
+            compile_submodules_in_place(module)
             module.load_state_dict(self.module_state)
 
 
