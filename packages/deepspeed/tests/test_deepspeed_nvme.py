@@ -20,6 +20,7 @@ from torch.utils.data import DataLoader, TensorDataset
 import stratagem
 from stratagem import Trainer, registry
 from stratagem.callbacks import ModelCheckpoint
+from stratagem.checkpoint_io import TorchCheckpointIO, read_full_checkpoint
 from stratagem.strategies import LoopSettings
 from stratagem.testing import DistributedWorkers
 
@@ -197,11 +198,13 @@ def test_fit_validate_test_predict_on_one_module_predicts_like_single_device_fro
     torch.testing.assert_close(predicted, _ordered(reference), atol=1e-6, rtol=0)
 
 
-def test_save_checkpoint_after_fit_returned_is_refused_naming_where_to_save(sequence):
-    for rank in sequence:
-        assert "cannot save_checkpoint" in rank["save_error"]
-        assert "on_train_end" in rank["save_error"]
-    assert not list(Path(sequence[0]["checkpoint"]).parent.parent.glob("after_fit_rank*"))
+def test_save_checkpoint_after_fit_returned_writes_rank_zero_s_whole_weights(sequence):
+    assert all(rank["save_error"] == "" for rank in sequence)
+    written = Path(sequence[0]["checkpoint"]).parent.parent / "after_fit_rank0.ckpt"
+    weights = read_full_checkpoint(written, TorchCheckpointIO())["module"]
+    for name, value in sequence[0]["after_first_fit"].items():
+        torch.testing.assert_close(weights[name], value, atol=0, rtol=0, msg=name)
+    assert not (written.parent / "after_fit_rank1.ckpt").exists(), "only rank 0 writes after the run"
 
 
 def test_a_second_fit_on_the_same_trainer_at_max_steps_keeps_the_weights(sequence):

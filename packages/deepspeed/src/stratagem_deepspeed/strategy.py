@@ -474,7 +474,9 @@ class DeepSpeedStrategy(ParallelStrategy, OwnsAccumulation):
     def save_checkpoint(self, path: PathLike, state: dict[str, Any]) -> None:
         """Every rank writes its ZeRO shards through the engine into a temporary directory; once all are
         written, rank 0 adds the plain entries and publishes the directory under ``path``."""
-        self._require_live_process_group(f"save_checkpoint({str(path)!r})")
+        if not torch.distributed.is_initialized():
+            self._save_after_run(path, state)
+            return
         if self._engine is None:
             raise RuntimeError(
                 f"DeepSpeedStrategy cannot save_checkpoint({str(path)!r}) now: the DeepSpeed engine that holds the "
@@ -507,6 +509,37 @@ class DeepSpeedStrategy(ParallelStrategy, OwnsAccumulation):
             # The directory is whole only once every rank has written its shards into it.
             self.barrier("save_checkpoint: shards written")
             self.write_on_rank_zero(publish, f"save_checkpoint({str(target)!r})")
+
+    def _save_after_run(self, path: PathLike, state: dict[str, Any]) -> None:
+        """``trainer.save_checkpoint`` once the run has ended: its engine, ZeRO partitions and optimizer state went
+        with it, but teardown left every rank the whole module (stage 3 gathers it back). Rank 0 writes the module
+        and the plain entries as a directory every reader takes; the other ranks write nothing."""
+        if not self.is_global_zero:
+            return
+        entries: dict[str, Any] = {}
+        metadata: dict[str, Any] = {
+            "optimizers_key": None,
+            "world_size": self.world_size,
+            "zero_stage": self.zero_stage,
+        }
+        for key, value in state.items():
+            if isinstance(value, nn.Module):
+                metadata["module_key"] = key
+                entries[key] = {name: tensor.detach().cpu() for name, tensor in value.state_dict().items()}
+            elif _is_optimizers(value):
+                warnings.warn(
+                    f"save_checkpoint({str(path)!r}) after the run holds the module's weights and the loop state, but "
+                    "no optimizer state: DeepSpeed's optimizer state went with the run's engine. Resuming from it "
+                    "starts a fresh optimizer; for a checkpoint that resumes exactly, save during the run "
+                    "(ModelCheckpoint, or trainer.save_checkpoint in on_train_end).",
+                    UserWarning,
+                    stacklevel=3,
+                )
+            else:
+                entries[key] = value
+        if "module_key" not in metadata:
+            raise ValueError("save_checkpoint: state has no module; pass {'module': module, ...}.")
+        DeepSpeedCheckpointIO().save_checkpoint({**entries, layout.METADATA_KEY: metadata}, path)
 
     def _split_state(self, state: dict[str, Any]) -> tuple[str, str | None, dict[str, Any]]:
         module_key = None
