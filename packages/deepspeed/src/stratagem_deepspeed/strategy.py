@@ -474,7 +474,7 @@ class DeepSpeedStrategy(ParallelStrategy, OwnsAccumulation):
     def save_checkpoint(self, path: PathLike, state: dict[str, Any]) -> None:
         """Every rank writes its ZeRO shards through the engine into a temporary directory; once all are
         written, rank 0 adds the plain entries and publishes the directory under ``path``."""
-        if not torch.distributed.is_initialized():
+        if self._engine is None and not _holds_partitions(state):
             self._save_after_run(path, state)
             return
         if self._engine is None:
@@ -511,9 +511,9 @@ class DeepSpeedStrategy(ParallelStrategy, OwnsAccumulation):
             self.write_on_rank_zero(publish, f"save_checkpoint({str(target)!r})")
 
     def _save_after_run(self, path: PathLike, state: dict[str, Any]) -> None:
-        """``trainer.save_checkpoint`` once the run has ended: its engine, ZeRO partitions and optimizer state went
-        with it, but teardown left every rank the whole module (stage 3 gathers it back). Rank 0 writes the module
-        and the plain entries as a directory every reader takes; the other ranks write nothing."""
+        """``trainer.save_checkpoint`` once the run has ended (no engine, no ZeRO-3 partitions left): its optimizer
+        state went with the engine, but teardown left every rank the whole module (stage 3 gathers it back). Rank 0
+        writes the module and the plain entries as a directory every reader takes; the other ranks write nothing."""
         if not self.is_global_zero:
             return
         entries: dict[str, Any] = {}
@@ -750,6 +750,16 @@ class DeepSpeedStrategy(ParallelStrategy, OwnsAccumulation):
 
 def _whole_shape(tensor: torch.Tensor) -> tuple[int, ...]:
     return tuple(getattr(tensor, "ds_shape", tensor.shape))
+
+
+def _holds_partitions(state: dict[str, Any]) -> bool:
+    """Whether a module in ``state`` still holds ZeRO-3 partitions (the run set it up and has not ended)."""
+    return any(
+        hasattr(parameter, "ds_id")
+        for value in state.values()
+        if isinstance(value, nn.Module)
+        for parameter in value.parameters()
+    )
 
 
 def _is_optimizers(value: Any) -> bool:
