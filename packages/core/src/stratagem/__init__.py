@@ -13,8 +13,9 @@ if TYPE_CHECKING:
     from stratagem.connector import resolve
     from stratagem.module import Module
     from stratagem.trainer import Trainer
+    from stratagem.trainer.rng import seed_everything
 
-__all__ = ["Module", "Trainer", "__version__", "resolve"]
+__all__ = ["Module", "Trainer", "__version__", "resolve", "seed_everything"]
 
 __getattr__, __dir__ = lazy_exports(
     __name__,
@@ -22,6 +23,7 @@ __getattr__, __dir__ = lazy_exports(
         "resolve": "stratagem.connector",
         "Module": "stratagem.module",
         "Trainer": "stratagem.trainer",
+        "seed_everything": "stratagem.trainer.rng",
     },
     "stratagem",
 )

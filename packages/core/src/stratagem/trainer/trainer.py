@@ -45,7 +45,7 @@ from stratagem.trainer.lightning_hooks import check_lightning_hooks
 from stratagem.trainer.optimizers import SchedulerConfig, configured_optimizers
 from stratagem.trainer.predict_loop import run_prediction
 from stratagem.trainer.progress import FitProgress, Throughput
-from stratagem.trainer.rng import seed_everything
+from stratagem.trainer.rng import seed_everything, with_seeded_workers, worker_seeding_requested
 from stratagem.trainer.run_context import RunContext
 from stratagem.trainer.settings import SETTING_NAMES, NonFinite, parse_settings
 from stratagem.trainer.worker_output import WorkerOutput
@@ -71,7 +71,8 @@ class Trainer:
     ``default_root_dir``: where logs and checkpoints go (default: the working directory).
     ``logger``: ``True`` (CSV), ``False``, ``"csv"``, ``"tensorboard"``, a Logger, or a list.
     ``callbacks``: extra :class:`~stratagem.callbacks.Callback` objects. ``seed`` seeds every
-    generator at construction and in every worker; ``deterministic`` turns on torch's
+    generator at construction and in every worker with :func:`stratagem.seed_everything` (DataLoader workers
+    too when ``seed_everything(..., workers=True)`` was called); ``deterministic`` turns on torch's
     deterministic algorithms during runs. ``use_distributed_sampler=False`` leaves dataloaders
     as given when the strategy splits data.
     ``nonfinite``: what a training step whose loss, or gradient norm where ``gradient_clip_val`` has it computed,
@@ -143,7 +144,7 @@ class Trainer:
             # Read by cuBLAS when the first handle is created; children inherit it.
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         if self.settings.seed is not None:
-            seed_everything(self.settings.seed)
+            seed_everything(self.settings.seed, workers=worker_seeding_requested())
 
         self.fit_progress = FitProgress()
         self.optimizers: list[torch.optim.Optimizer] = []
@@ -438,7 +439,7 @@ class Trainer:
             if self.settings.deterministic:
                 torch.use_deterministic_algorithms(True)
             if self.settings.seed is not None:
-                seed_everything(self.settings.seed)
+                seed_everything(self.settings.seed, workers=worker_seeding_requested())
             # Without a checkpoint the strategy decides how to create initialised weights (None, not False):
             # sharded strategies build on the meta device and initialise each rank's shards.
             with strategy.module_init_context(empty_init=True if checkpoint is not None else None):
@@ -537,6 +538,8 @@ class Trainer:
         seed = self.settings.seed or 0
         shuffle = None if stage == "fit" else False
         split = [with_distributed_sampler(loader, sampler_kwargs, seed, shuffle) for loader in loaders]
+        if worker_seeding_requested():
+            split = [with_seeded_workers(loader, self.strategy.global_rank) for loader in split]
         return rebuilt_for_strategy(self.strategy, split, stage)
 
 
