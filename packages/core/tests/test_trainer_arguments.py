@@ -55,6 +55,13 @@ from stratagem.loggers import CSVLogger
         ("devices", 1000000, ValueError, r"devices=1000000 asks for 1000000 CPU processes"),
         ("num_nodes", 0, ValueError, r"num_nodes=0"),
         ("plugins", 42, TypeError, r"plugins=42 \(int\) is not valid"),
+        ("max_time", "1:00", ValueError, r"max_time='1:00' is not valid; a string must be DD:HH:MM:SS"),
+        ("max_time", {"hour": 1}, ValueError, r"max_time=\{'hour': 1\} is not valid: unknown keys \['hour'\]"),
+        ("max_time", {"hours": "1"}, TypeError, r"hours='1' is not a number"),
+        ("max_time", 3600, TypeError, r"max_time=3600 \(int\) is not valid; expected None, a datetime.timedelta"),
+        ("max_time", "00:00:00:00", ValueError, r"max_time='00:00:00:00' is not valid; it must be a positive"),
+        ("fast_dev_run", -1, ValueError, r"fast_dev_run=-1 is not valid; expected True, False, or a number"),
+        ("fast_dev_run", "yes", TypeError, r"fast_dev_run='yes' \(str\)"),
     ],
 )
 def test_a_bad_option_fails_at_construction_naming_option_and_value(tmp_path, option, value, error, message):

@@ -128,7 +128,7 @@ class ModelCheckpoint(Callback):
     # -- when to save ---------------------------------------------------------------------------
 
     def setup(self, trainer: Trainer, module: Module, stage: RunStage) -> None:
-        if stage != "fit" or self.dirpath is not None:
+        if stage != "fit" or self.dirpath is not None or trainer.fast_dev_run:
             return
         root = default_checkpoint_root(trainer.default_root_dir)
         shared = next((other.dirpath for other in trainer.checkpoint_callbacks if other._owns_default(root)), None)
@@ -174,8 +174,9 @@ class ModelCheckpoint(Callback):
     # -- saving ---------------------------------------------------------------------------------
 
     def save(self, trainer: Trainer, top_k: bool = True) -> None:
-        """Save at the current step (once per step) on every rank, and drop checkpoints out of the top k."""
-        if trainer.global_step == self._last_saved_step:
+        """Save at the current step (once per step) on every rank, and drop checkpoints out of the top k.
+        Nothing is saved in a ``fast_dev_run``."""
+        if trainer.global_step == self._last_saved_step or trainer.fast_dev_run:
             return
         plan = self._plan(trainer, top_k) if trainer.is_global_zero else None
         plan = trainer.strategy.broadcast(plan)

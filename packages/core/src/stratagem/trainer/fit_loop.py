@@ -8,6 +8,7 @@ the base class's and can be called in their direct form) is decided before the l
 from __future__ import annotations
 
 import math
+import sys
 import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -61,6 +62,8 @@ class FitLoop:
         self.at_step_boundary = step_boundary_callback(self.strategy)
         self.feed = batch_feed(self.strategy)
         self.stop_at_step = settings.max_steps if settings.max_steps != -1 else math.inf
+        self.max_seconds = settings.max_time.total_seconds() if settings.max_time is not None else None
+        self._train_start = time.perf_counter()
         self.backward_optimizer = self.optimizers[0] if len(self.optimizers) == 1 else None
         calls = step_calls(self.strategy, "training_step", self.backward_optimizer)
         self.to_device = calls.batch_to_device
@@ -106,6 +109,7 @@ class FitLoop:
         self._pending_rng = checkpoint_rng
         self.progress.start_next_epoch_if_finished()
         start_step, start_time = self.progress.global_step, time.perf_counter()
+        self._train_start = start_time
         while self.num_batches != 0 and not self._done() and not self._epochs_done():
             if not self._run_epoch():
                 break
@@ -176,6 +180,7 @@ class FitLoop:
         to_device, run_batch = self.to_device, self.accumulation.run_batch
         accumulate, num_batches, stop_at = self.accumulate, self.num_batches, self.stop_at_step
         validation_interval = self._validation_interval if self._validate_this_epoch else None
+        max_seconds = self.max_seconds
         for batch_idx, batch in enumerate(batches, start=skip):
             metrics.batch = batch
             for hook in start_hooks:
@@ -184,6 +189,7 @@ class FitLoop:
                 module.on_train_batch_start(batch, batch_idx)
             batch = to_device(batch)
             boundary = accumulate == 1 or (batch_idx + 1) % accumulate == 0 or batch_idx + 1 == num_batches
+            steps_before_batch = progress.global_step
             output = run_batch(batch, batch_idx, boundary, self)
             progress.batches_in_epoch += 1
             progress.total_batches += 1
@@ -193,6 +199,12 @@ class FitLoop:
                 module.on_train_batch_end(output, batch, batch_idx)
             # Not kept through the next batch's step (a dict output may hold more than the loss).
             del output
+            if (
+                max_seconds is not None
+                and progress.global_step != steps_before_batch
+                and self._out_of_time(max_seconds)
+            ):
+                trainer.should_stop = True
             if validation_interval is not None:
                 count = progress.total_batches if self._validation_counts_globally else batch_idx + 1
                 if count % validation_interval == 0:
@@ -208,6 +220,20 @@ class FitLoop:
             self._end_epoch()
             if progress.global_step == steps_before and trained > 0:
                 raise RuntimeError(self._no_step_message(trained))
+        return True
+
+    def _out_of_time(self, max_seconds: float) -> bool:
+        """Whether some rank has trained ``max_seconds``: one answer for every rank, which must stop together
+        (a rank stopping alone would leave the others waiting in their next collective)."""
+        elapsed = time.perf_counter() - self._train_start
+        if not self.strategy.reduce_boolean(elapsed >= max_seconds, all_ranks=False):
+            return False
+        if self.trainer.is_global_zero:
+            print(
+                f"stratagem: max_time={self.settings.max_time} reached at step {self.progress.global_step}; stopping.",
+                file=sys.stderr,
+                flush=True,
+            )
         return True
 
     def _no_step_message(self, batches: int) -> str:

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, Literal, get_args
 
@@ -34,6 +37,9 @@ class TrainerSettings:
     seed: int | None
     use_distributed_sampler: bool
     nonfinite: NonFinite
+    max_time: timedelta | None
+    fast_dev_run: int
+    """Batches per pass of a quick check run (``0``: off)."""
 
 
 SETTING_NAMES = frozenset(field.name for field in fields(TrainerSettings))
@@ -129,14 +135,73 @@ def parse_settings(options: Mapping[str, Any]) -> TrainerSettings:
             f"nonfinite={options['nonfinite']!r} is not valid; expected 'error' (stop at the step), 'skip' (skip "
             "such steps on every rank) or 'ignore' (train on)."
         )
-    return TrainerSettings(
+    settings = TrainerSettings(
         **{
             **options,
             "max_epochs": max_epochs,
             "gradient_clip_val": gradient_clip_val,
             "default_root_dir": Path(default_root_dir),
+            "max_time": parse_max_time(options["max_time"]),
+            "fast_dev_run": _fast_dev_run(options["fast_dev_run"]),
         }
     )
+    if settings.fast_dev_run:
+        # One epoch of N batches per pass, validated once at its end, with no sanity check (as Lightning does).
+        batches = settings.fast_dev_run
+        limits = dict.fromkeys(LIMIT_NAMES, batches)
+        settings = dataclasses.replace(
+            settings,
+            **limits,
+            max_epochs=1,
+            max_steps=-1,
+            num_sanity_val_steps=0,
+            val_check_interval=1.0,
+            check_val_every_n_epoch=1,
+        )
+    return settings
+
+
+_TIMEDELTA_KEYS = ("weeks", "days", "hours", "minutes", "seconds", "milliseconds", "microseconds")
+
+
+def parse_max_time(value: Any) -> timedelta | None:
+    """``max_time`` as a positive timedelta: given as one, as a dict of timedelta's keywords (``{"hours": 1}``)
+    or as ``"DD:HH:MM:SS"``."""
+    accepted = 'None, a datetime.timedelta, a dict like {"hours": 1}, or "DD:HH:MM:SS"'
+    if value is None:
+        return None
+    if isinstance(value, timedelta):
+        duration = value
+    elif isinstance(value, Mapping):
+        unknown = sorted(set(value) - set(_TIMEDELTA_KEYS))
+        if unknown:
+            raise ValueError(
+                f"max_time={value!r} is not valid: unknown keys {unknown}; use {', '.join(_TIMEDELTA_KEYS)}."
+            )
+        for key, amount in value.items():
+            if isinstance(amount, bool) or not isinstance(amount, int | float):
+                raise TypeError(f"max_time={value!r} is not valid: {key}={amount!r} is not a number.")
+        duration = timedelta(**value)
+    elif isinstance(value, str):
+        match = re.fullmatch(r"(\d+):(\d{1,2}):(\d{1,2}):(\d{1,2})", value.strip())
+        if match is None:
+            raise ValueError(f"max_time={value!r} is not valid; a string must be DD:HH:MM:SS, like '00:12:00:00'.")
+        days, hours, minutes, seconds = map(int, match.groups())
+        duration = timedelta(days=days, hours=hours, minutes=minutes, seconds=seconds)
+    else:
+        raise TypeError(f"max_time={value!r} ({type(value).__name__}) is not valid; expected {accepted}.")
+    if duration <= timedelta(0):
+        raise ValueError(f"max_time={value!r} is not valid; it must be a positive duration (got {duration}).")
+    return duration
+
+
+def _fast_dev_run(value: Any) -> int:
+    if value is True:
+        return 1
+    if value is False:
+        return 0
+    _int(value, "fast_dev_run", minimum=0, accepted="True, False, or a number of batches (int >= 0)")
+    return value
 
 
 def check_writable_directory(path: Path, option: str) -> None:

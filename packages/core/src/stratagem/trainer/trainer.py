@@ -7,7 +7,8 @@ import dataclasses
 import itertools
 import os
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, Literal
 
@@ -78,7 +79,11 @@ class Trainer:
     ``nonfinite``: what a training step whose loss, or gradient norm where ``gradient_clip_val`` has it computed,
     is NaN or infinite does: ``"error"`` (default) stops the run at that step, before the optimizer steps, naming
     the step, the batch and the ranks; ``"skip"`` skips that batch's backward (or the optimizer step, for a
-    gradient norm) on every rank and trains on; ``"ignore"`` checks nothing. Every rank of a run must agree on
+    gradient norm) on every rank and trains on; ``"ignore"`` checks nothing. ``max_time`` (a timedelta, a dict of its
+    keywords such as ``{"hours": 1}``, or ``"DD:HH:MM:SS"``) ends a fit at the first optimizer step boundary after
+    that much training time on any rank, on every rank together, saving as a fit's end does. ``fast_dev_run=N``
+    (``True``: 1) runs N batches of each pass, one epoch, no sanity check, and writes no checkpoint and no logs.
+    Every rank of a run must agree on
     whether a batch gave a loss (``training_step`` returning ``None``); ranks that do not are an error naming them.
     """
 
@@ -114,13 +119,15 @@ class Trainer:
         use_distributed_sampler: bool = True,
         nonfinite: NonFinite = "error",
         compile: bool | dict[str, Any] | None = False,
+        max_time: timedelta | Mapping[str, float] | str | None = None,
+        fast_dev_run: bool | int = False,
     ) -> None:
         self.compile_settings = parse_compile_option(compile)
         # The loop options are the parameters named like TrainerSettings' fields; parse_settings checks them all.
         arguments = locals()
         self.settings = parse_settings({name: arguments[name] for name in SETTING_NAMES})
         self.callbacks = _arrange_callbacks(callbacks, enable_progress_bar, enable_checkpointing)
-        self.loggers = _make_loggers(logger, self.settings.default_root_dir)
+        self.loggers = [] if self.settings.fast_dev_run else _make_loggers(logger, self.settings.default_root_dir)
         self.strategy = resolve(
             accelerator=accelerator,
             strategy=strategy,
@@ -230,6 +237,11 @@ class Trainer:
     @property
     def max_steps(self) -> int:
         return self.settings.max_steps
+
+    @property
+    def fast_dev_run(self) -> int:
+        """Batches per pass of a quick check run (``fast_dev_run=True`` is 1); ``0`` when off."""
+        return self.settings.fast_dev_run
 
     @property
     def logger(self) -> Logger | None:
@@ -460,7 +472,7 @@ class Trainer:
             if compile_settings is not None:
                 strategy.compile_module(compile_settings)
             self._context.hooks.call("setup", self, module, stage)
-            if stage == "fit":
+            if stage == "fit" and not self.settings.fast_dev_run:
                 check_checkpoint_directories_shared(self)
             results: list[dict[str, float]] = []
             predictions = None
