@@ -2,8 +2,9 @@
 
 from stratagem.callbacks.callback import Callback
 from stratagem.callbacks.early_stopping import EarlyStopping
+from stratagem.callbacks.lr_monitor import LearningRateMonitor
 from stratagem.callbacks.model_checkpoint import ModelCheckpoint
 from stratagem.callbacks.preemption import Preemption
 from stratagem.callbacks.progress_bar import ProgressBar
 
-__all__ = ["Callback", "EarlyStopping", "ModelCheckpoint", "Preemption", "ProgressBar"]
+__all__ = ["Callback", "EarlyStopping", "LearningRateMonitor", "ModelCheckpoint", "Preemption", "ProgressBar"]
