@@ -10,6 +10,7 @@ from types import ModuleType
 from typing import Any
 
 from stratagem_deepspeed.config import check_top_level_keys
+from stratagem_deepspeed.quiet_warnings import ignore_uninformative_warnings
 
 ACCELERATOR_VARIABLE = "DS_ACCELERATOR"
 
@@ -18,7 +19,9 @@ _DEEPSPEED_ACCELERATORS = {"cpu": "cpu", "cuda": "cuda", "mps": "mps", "hpu": "h
 
 
 def import_deepspeed() -> ModuleType:
-    """``deepspeed``, imported on first use (it takes seconds) with a clear error when missing."""
+    """``deepspeed``, imported on first use (it takes seconds) with a clear error when missing, and the warnings
+    its use raises from torch that tell the user nothing ignored (see ``quiet_warnings``)."""
+    ignore_uninformative_warnings()
     try:
         import deepspeed
     except ImportError as error:
