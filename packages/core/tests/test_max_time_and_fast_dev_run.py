@@ -37,8 +37,8 @@ def test_max_time_stops_at_a_step_boundary_and_saves_as_the_end_of_a_fit_does(tm
         callbacks=[checkpoint],
     )
     trainer.fit(SlowSteps(), make_loader())
-    # 40 ms per optimizer step: a few steps, far from the epoch limit, and never inside an accumulation window.
-    assert 2 <= trainer.global_step < 20
+    # 40 ms or more per optimizer step: a few steps, with no epoch limit, and never inside an accumulation window.
+    assert 1 <= trainer.global_step < 20
     assert trainer.fit_progress.total_batches == 2 * trainer.global_step
     saved = sorted(path.name for path in (tmp_path / "checkpoints").iterdir())
     assert saved == [f"epoch={trainer.current_epoch}-step={trainer.global_step}.ckpt"]

@@ -13,7 +13,7 @@ from torch.utils.data import DataLoader, Dataset
 from trainer_testing import ClassifierModule
 
 import stratagem
-from stratagem.trainer.rng import SEED_WORKERS_VARIABLE
+from stratagem.trainer.rng import SEED_WORKERS_VARIABLE, SeedWorker
 
 
 class RandomDrawsDataset(Dataset):
@@ -109,3 +109,14 @@ def test_seed_everything_is_public_and_seeds_the_global_generators(monkeypatch):
 def test_seed_everything_refuses_a_seed_outside_what_torch_takes(seed, error):
     with pytest.raises(error, match=r"seed_everything\(seed="):
         stratagem.seed_everything(seed)
+
+
+def test_workers_of_different_ranks_get_different_seeds_from_the_same_base():
+    def draws_of(rank: int) -> tuple[float, float, float]:
+        torch.manual_seed(100)  # what torch gives worker 0 when the loader's base seed is 100
+        SeedWorker(rank, then=None)(0)
+        return random.random(), float(numpy.random.rand()), float(torch.rand(()))
+
+    rank0, rank1 = draws_of(0), draws_of(1)
+    assert draws_of(0) == rank0
+    assert all(a != b for a, b in zip(rank0, rank1))
