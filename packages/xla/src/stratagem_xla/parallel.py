@@ -38,6 +38,9 @@ class XLAStrategy(ParallelStrategy, FeedsBatchesToDevice):
     ``debug=True`` (``xla_debug``) prints XLA's metrics report in every replica when the run ends.
     """
 
+    # Reading each step's loss on the host would cut XLA's traced graph and wait for the device every step.
+    checks_steps_on_host = False
+
     @staticmethod
     def is_available() -> bool:
         from stratagem_xla import runtime

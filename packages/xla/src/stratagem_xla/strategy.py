@@ -27,6 +27,9 @@ class SingleXLAStrategy(SingleDeviceStrategy, FeedsBatchesToDevice):
     that any strategy loads them. ``debug=True`` prints XLA's metrics report when the run ends.
     """
 
+    # Reading each step's loss on the host would cut XLA's traced graph and wait for the device every step.
+    checks_steps_on_host = False
+
     @staticmethod
     def is_available() -> bool:
         return runtime.load_problem() is None

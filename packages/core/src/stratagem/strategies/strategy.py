@@ -69,6 +69,12 @@ class Strategy(ABC):
     max_lr_schedulers: ClassVar[int | None] = None
     """How many learning-rate schedulers :meth:`check_lr_schedulers` accepts; ``None`` means no limit."""
 
+    checks_steps_on_host: ClassVar[bool] = True
+    """Whether the fit loop may read each training step's loss on the host, to check it is finite and that every
+    rank has one (see :meth:`gather_step_outcome`). False where that read costs the backend what its lazy
+    execution exists to avoid (XLA: a device round trip and a cut graph every step); the loop then checks
+    nothing per step there, and ``Trainer(nonfinite=...)`` is not applied to the loss."""
+
     steps_lr_schedulers: ClassVar[bool] = False
     """True when the strategy steps the learning-rate schedulers :meth:`check_lr_schedulers` hands it, on a
     clock of its own (a swarm's collaborative epoch, which no ``interval`` of the Trainer's can express): the

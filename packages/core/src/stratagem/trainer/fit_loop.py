@@ -75,7 +75,9 @@ class FitLoop:
         self._checks_loss = self.checks.needed
         # Gradients a loss scaler already skips on are left to it (inf while it searches for its scale).
         self._checks_gradient_norm = (
-            settings.nonfinite != "ignore" and not self.strategy.precision.skips_nonfinite_gradients
+            settings.nonfinite != "ignore"
+            and self.strategy.checks_steps_on_host
+            and not self.strategy.precision.skips_nonfinite_gradients
         )
         self._batch_idx = 0
         # A strategy that steps the schedulers itself gets none stepped here, per step or per epoch.

@@ -44,8 +44,8 @@ class StepChecks:
         # Decided once: one process has nobody to agree with, and with nonfinite="ignore" nothing is read.
         self._alone = strategy.world_size == 1
         self._gather = strategy.gather_step_outcome
-        self._reads_loss = nonfinite != "ignore"
-        self.needed = not self._alone or self._reads_loss
+        self._reads_loss = nonfinite != "ignore" and strategy.checks_steps_on_host
+        self.needed = strategy.checks_steps_on_host and (not self._alone or self._reads_loss)
         """False when :attr:`loss_is_usable` would only say whether there is a loss: the loop then does not call it."""
         self.loss_is_usable: Callable[[torch.Tensor | None, int], bool] = (
             self._loss_is_usable_alone if self._alone else self._loss_is_usable_on_every_rank
