@@ -148,7 +148,7 @@ def parse_settings(options: Mapping[str, Any]) -> TrainerSettings:
     if settings.fast_dev_run:
         # One epoch of N batches per pass, validated once at its end, with no sanity check (as Lightning does).
         batches = settings.fast_dev_run
-        limits = dict.fromkeys(LIMIT_NAMES, batches)
+        limits: dict[str, Any] = dict.fromkeys(LIMIT_NAMES, batches)
         settings = dataclasses.replace(
             settings,
             **limits,
