@@ -292,9 +292,12 @@ _CRAFTED = {
     ),
     "an entry that is not a tensor": (_rewrite(0, _with_module_shard(_not_a_tensor)), r"is a list, not a tensor"),
     "a shard that is not a dict": (_rewrite(1, lambda shard: [1, 2]), r"rank-1-of-2\.pt' is not an xla_fsdp shard"),
-    "link to a file outside": (_link_outside, r"rank-1-of-2\.pt' is a link to .*outside\.pt', outside the check"),
-    "a pipe in place of a shard": (_fifo, r"rank-1-of-2\.pt' is not a regular file"),
-    "a directory in place of a shard": (_directory_instead, r"rank-1-of-2\.pt' is not a regular file"),
+    "link to a file outside": (
+        _link_outside,
+        r"rank-1-of-2\.pt' leads outside the checkpoint .* \(to '.*outside\.pt'\)",
+    ),
+    "a pipe in place of a shard": (_fifo, r"rank-1-of-2\.pt' is a named pipe \(FIFO\), not a checkpoint file"),
+    "a directory in place of a shard": (_directory_instead, r"rank-1-of-2\.pt' is a directory, not a checkpoint file"),
     "truncated shard": (_truncated, r"rank-1-of-2\.pt' is truncated or corrupt"),
     "empty shard": (lambda d, s: _file(1)(d).write_bytes(b""), r"rank-1-of-2\.pt' is an empty file"),
 }
