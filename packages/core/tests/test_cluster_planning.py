@@ -104,8 +104,20 @@ def test_the_llama_plan_splits_what_torchtitan_splits_over_the_tp_ranks():
         (["--world-size", "8", "--mfu", "40"], "--mfu=40.0 is not valid"),
         (["--world-size", "8", "--seq-len", "0"], "--seq-len=0 is not valid"),
         (["--world-size", "8", "--strategies", "single_device"], "No strategy could be planned for 8 ranks"),
+        (["--world-size", "8", "--auto-wrap", "torch.nn:Nope"], "torch.nn has no nn.Module class named 'Nope'"),
+        (["--world-size", "8", "--activation-checkpointing", "Block"], "expected package.module:Class or 'blocks'"),
     ],
-    ids=["partial node", "contradicting counts", "unknown device", "bad memory", "bad mfu", "bad length", "none"],
+    ids=[
+        "partial node",
+        "contradicting counts",
+        "unknown device",
+        "bad memory",
+        "bad mfu",
+        "bad length",
+        "none",
+        "no such class",
+        "not a path",
+    ],
 )
 def test_plan_for_a_cluster_names_a_bad_option(capsys, argv, message):
     assert main(["plan", "stratagem.demo.llama:LlamaModule", *argv]) == 2

@@ -15,6 +15,7 @@ if TYPE_CHECKING:
 
     from stratagem.planning.cluster import ClusterPlan, LayoutCandidate
     from stratagem.planning.rehearsal import Rehearsal
+    from stratagem.planning.workload import Workload
 
 WIDTH = 100
 DEFAULT_DEVICES_PER_NODE = 8
@@ -68,6 +69,7 @@ def run(args: argparse.Namespace, module: nn.Module) -> int:
     import json
 
     from stratagem.planning.cluster import DEFAULT_MFU, ClusterTarget, plan_cluster
+    from stratagem.planning.workload import measure_workload
 
     target = ClusterTarget(
         *_world(args),
@@ -79,9 +81,10 @@ def run(args: argparse.Namespace, module: nn.Module) -> int:
         if value is not None:
             _positive(option, value)
     precision = _precision(args.precision)
-    strategies = _strategies(args, module)
+    workload = measure_workload(module, precision, args.batch_size, args.seq_len)
+    strategies = _strategies(args, workload)
     plan = plan_cluster(
-        module, strategies, target, precision, args.batch_size, args.seq_len, default_strategy=_default_name(target)
+        module, strategies, target, precision, default_strategy=_default_name(target), workload=workload
     )
     rehearsals = _rehearse(plan, strategies, module, precision, args) if args.dry_run else []
     print(json.dumps(as_json(plan, rehearsals), indent=2) if args.json else render(plan, rehearsals, args.rows))
@@ -141,7 +144,7 @@ def _default_name(target: Any) -> str:
     return auto_strategy_name(target.world_size)
 
 
-def _strategies(args: argparse.Namespace, module: nn.Module) -> dict[str, Any]:
+def _strategies(args: argparse.Namespace, workload: Workload) -> dict[str, Any]:
     """Each name to plan, created unconfigured with the policy options, or the text of why it cannot be."""
     from stratagem import registry
 
@@ -153,7 +156,7 @@ def _strategies(args: argparse.Namespace, module: nn.Module) -> dict[str, Any]:
     else:
         names = registry.strategies.names()
     options = {
-        option: {_module_class(value, flag, module)}
+        option: {_module_class(value, flag, workload)}
         for option, flag, value in (
             ("auto_wrap_policy", "--auto-wrap", args.auto_wrap),
             ("activation_checkpointing_policy", "--activation-checkpointing", args.activation_checkpointing),
@@ -178,25 +181,18 @@ def _create(name: str, options: dict[str, Any]) -> Any:
     return registry.strategies.create(name, **given)
 
 
-def _module_class(value: str, flag: str, module: nn.Module) -> type:
+def _module_class(value: str, flag: str, workload: Workload) -> type:
+    import importlib
+
     from torch import nn
 
-    from stratagem.planning.workload import repeated_blocks
-
     if value == "blocks":
-        from stratagem.planning.footprint import model_footprint
-
-        footprint, _ = model_footprint(module, activations=False)
-        assert footprint.module is not None
-        blocks = repeated_blocks(footprint.module)
-        if not blocks:
+        if workload.block is None:
             raise ValueError(f"{flag}=blocks: the model has no repeated blocks (no ModuleList or Sequential of them)")
-        return type(blocks[0])
+        return type(workload.block)
     location, separator, name = value.rpartition(":")
     if not separator:
         raise ValueError(f"{flag}={value!r} is not valid; expected package.module:Class or 'blocks'.")
-    import importlib
-
     try:
         found = getattr(importlib.import_module(location), name, None)
     except ImportError as error:

@@ -182,13 +182,15 @@ def plan_cluster(
     batch_size: int | None = None,
     seq_len: int | None = None,
     default_strategy: str = "ddp",
+    workload: Workload | None = None,
 ) -> ClusterPlan:
     """Plan ``module`` on ``target`` under each of ``strategies`` (registered name -> unconfigured instance, or the
-    text of why it cannot be created here)."""
+    text of why it cannot be created here); ``workload``, when measured already, is ``module``'s at that
+    micro-batch."""
     from stratagem.planning.rehearsal import tensor_parallel_split
 
     precision = precision or Precision()
-    workload = measure_workload(module, precision, batch_size, seq_len)
+    workload = workload or measure_workload(module, precision, batch_size, seq_len)
     notes = list(workload.notes)
     left_out: dict[str, str] = {}
     groups: dict[Any, tuple[list[str], LayoutSharding]] = {}
@@ -305,11 +307,11 @@ def step_time(
     workload: Workload,
     target: ClusterTarget,
     tp_share: float,
-    compute_element_bytes: float,
 ) -> StepTime | None:
     """The step-time model's parts for one rank of ``layout`` (see the module's docstring)."""
     if workload.forward_flops <= 0:
         return None
+    compute_element_bytes = workload.compute_element_bytes
     device = target.device
     tp, pp = layout["tp"], layout["pp"]
     bubble = (pp - 1) / max(1, target.micro_batches)
@@ -367,7 +369,7 @@ def _candidate(
     tp_share: float,
 ) -> LayoutCandidate:
     memory = rank_memory(sharding, layout, workload, tp_share)
-    step = step_time(sharding, layout, workload, target, tp_share, compute_element_bytes=_compute_bytes(workload))
+    step = step_time(sharding, layout, workload, target, tp_share)
     problem = None
     if layout["tp"] > 1 and tp_share >= 1.0:
         problem = "the module splits nothing over tp"
@@ -380,11 +382,6 @@ def _candidate(
     else:
         options = ", ".join(f"{name}={layout[name]}" for name in sharding.dimensions)
     return LayoutCandidate(list(names), layout, memory, step, tokens, options, is_default, problem)
-
-
-def _compute_bytes(workload: Workload) -> float:
-    """The element size of what is sent: bf16 / fp16 when the forward computes in them (mixed precision)."""
-    return workload.compute_element_bytes
 
 
 def describe_rows(plan: ClusterPlan, limit: int | None) -> Sequence[LayoutCandidate]:
