@@ -96,7 +96,8 @@ def rehearse(
     example: Any = None,
 ) -> Rehearsal:
     """Play each of ``ranks`` of ``layout`` in turn: build ``module`` on the meta device with that rank's mesh,
-    run its forward on ``example`` (once split by its own plan), apply ``strategy``'s setup, count its shards."""
+    run its forward on ``example`` once its own plan split it over ``tp > 1``, apply ``strategy``'s setup, count
+    its shards."""
     import time
 
     start = time.perf_counter()
@@ -112,9 +113,11 @@ def rehearse(
     if problem is not None:
         return Rehearsal(name, layout, not_rehearsed=problem)
     # The forward runs on the first rank only: its shapes are every rank's, and torch keeps state keyed by mesh
-    # across process groups that makes a second group's forward resolve the first one's (2.13).
+    # across process groups that makes a second group's forward resolve the first one's (2.13). Without tensor
+    # parallelism nothing is split before the strategy's setup: the plan's own forward ran that model already.
+    forward = example if layout.get("tp", 1) > 1 else None
     played = [
-        _rehearse_rank(module, strategy, layout, rank, precision or Precision(), example if index == 0 else None)
+        _rehearse_rank(module, strategy, layout, rank, precision or Precision(), forward if index == 0 else None)
         for index, rank in enumerate(ranks)
     ]
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
