@@ -42,3 +42,14 @@ def test_zero_3_in_bf16_holds_the_zero_papers_16_bytes_per_parameter_over_the_ra
     parameters = plan.workload.footprint.parameters
     assert candidate.memory.model_state == pytest.approx(16 * parameters / 16, rel=1e-6)
     assert candidate.memory.parameters == pytest.approx(2 * parameters / 16, rel=1e-6)
+
+
+def test_without_zero_the_data_parallel_ranks_all_reduce_whole_gradients_as_ddp_does():
+    module = LlamaModule("tiny")
+    target = ClusterTarget(16, 8, device_spec("h100-80gb"))
+    plan = plan_cluster(module, {"deepspeed": DeepSpeedStrategy(stage=0)}, target, None, 1, 16)
+    (candidate,) = plan.candidates
+    footprint = plan.workload.footprint
+    assert candidate.memory.model_state == footprint.training_state_bytes
+    links = target.device.inter_node_bytes_per_s
+    assert candidate.step.data_parallel == pytest.approx(2 * 15 / 16 * footprint.gradient_bytes / links)

@@ -334,6 +334,9 @@ def step_time(
         volume = ring * (sharding.parameter_gathers * elements * compute_element_bytes + gradient_bytes)
         data_parallel += volume / bandwidth("dp_shard")
         gradient_bytes /= shards
+    elif shards > 1:
+        # Ranks that shard nothing (ZeRO stage 0) all-reduce their gradients like replicas.
+        data_parallel += 2 * (shards - 1) / shards * gradient_bytes / bandwidth("dp_shard")
     if replicas > 1:
         data_parallel += 2 * (replicas - 1) / replicas * gradient_bytes / bandwidth("dp_replicate")
     boundary = sum(workload.block_output_bytes) / max(1, len(workload.block_output_bytes))
