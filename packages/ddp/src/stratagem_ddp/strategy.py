@@ -15,6 +15,7 @@ from torch.optim import Optimizer
 
 from stratagem.strategies import (
     BackwardSyncControl,
+    LayoutSharding,
     LoopSettings,
     MemoryEstimate,
     ModelFootprint,
@@ -127,6 +128,10 @@ class DDPStrategy(ParallelStrategy, BackwardSyncControl):
         # The reducer's buckets hold a second copy of every gradient unless gradients are views into them.
         return dataclasses.replace(estimate, device_bytes=estimate.device_bytes + footprint.gradient_bytes)
 
+    def layout_sharding(self, devices_per_node: int) -> LayoutSharding:
+        layout = LayoutSharding(dimensions=("dp_replicate",), default={"dp_replicate": -1})
+        return layout if self.gradient_as_bucket_view else dataclasses.replace(layout, buffers=_reducer_buckets)
+
     def setup_module(self, module: nn.Module) -> nn.Module:
         module = super().setup_module(module)
         backend = self.process_group_backend
@@ -201,3 +206,8 @@ def _is_communication_error(error: RuntimeError) -> bool:
     """Whether an error out of backward came from the process group (a peer gone, a timeout)."""
     message = str(error)
     return any(marker in message for marker in ("gloo", "NCCL", "Connection closed", "Timed out", "timed out"))
+
+
+def _reducer_buckets(footprint: ModelFootprint, shard_ranks: int) -> int:
+    # Without gradient_as_bucket_view the reducer's buckets hold a second copy of every gradient.
+    return footprint.gradient_bytes

@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from stratagem.strategies import MemoryEstimate, ModelFootprint
+from stratagem.strategies import LayoutSharding, MemoryEstimate, ModelFootprint
+from stratagem.strategies.memory import TrainingState
 from stratagem_deepspeed.buffer_sizes import DEEPSPEED_SUB_GROUP_ELEMENTS
 from stratagem_deepspeed.config import offload_devices, zero_stage
 
@@ -115,4 +116,45 @@ def deepspeed_estimate(footprint: ModelFootprint, config: Mapping[str, Any], wor
         host_bytes=int(placed["cpu"]),
         disk_bytes=int(placed["nvme"]),
         relative_step_time=step_time,
+    )
+
+
+_SHARDED_BY_STAGE: dict[int, frozenset[TrainingState]] = {
+    0: frozenset(),
+    1: frozenset(("optimizer_state",)),
+    2: frozenset(("optimizer_state", "gradients")),
+    3: frozenset(("optimizer_state", "gradients", "parameters")),
+}
+
+
+def zero_layout_sharding(config: Mapping[str, Any]) -> LayoutSharding:
+    """How ZeRO lays a model over the data-parallel ranks, from a config: its stage shards the optimizer state (1),
+    the gradients (2) and the parameters (3) over every rank, each with an fp32 master copy for the optimizer; the
+    offloaded parts live in host memory (or NVMe, which the planner counts as host)."""
+    stage = min(zero_stage(config), 3)
+    offloads = offload_devices(config)
+    offloaded: set[TrainingState] = set()
+    if "optimizer" in offloads:
+        offloaded |= {"optimizer_state", "gradients"}
+    if "param" in offloads:
+        offloaded.add("parameters")
+    zero = dict(config.get("zero_optimization", {}))
+
+    def buffers(footprint: ModelFootprint, shard_ranks: int) -> int:
+        element_bytes = footprint.parameter_bytes / max(1, footprint.parameters)
+        bucket = int(zero.get("reduce_bucket_size", DEFAULT_BUCKET_ELEMENTS)) if stage >= 1 else 0
+        largest_unit = footprint.largest_unit_bytes / max(1e-9, element_bytes)
+        live = int(zero.get("stage3_max_live_parameters", DEFAULT_MAX_LIVE_PARAMETERS))
+        window = min(footprint.parameters, max(2 * largest_unit, live)) if stage == 3 and shard_ranks > 1 else 0
+        return int((min(bucket, footprint.parameters) + window) * element_bytes)
+
+    return LayoutSharding(
+        dimensions=("dp_shard",),
+        default={"dp_shard": -1},
+        sharded=_SHARDED_BY_STAGE[stage],
+        offloaded=frozenset(offloaded),
+        master_copy=stage >= 1,
+        buffers_in_compute_dtype=True,
+        parameter_gathers=2 if stage == 3 else (1 if stage >= 1 else 0),
+        buffers=buffers,
     )

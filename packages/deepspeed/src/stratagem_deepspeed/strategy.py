@@ -28,6 +28,7 @@ from stratagem.checkpoint_io import (
 )
 from stratagem.checkpoint_io.safetensors_import import SafetensorsWeights, copy_whole, load_pretrained_weights
 from stratagem.strategies import (
+    LayoutSharding,
     LoopSettings,
     MemoryEstimate,
     ModelFootprint,
@@ -58,7 +59,7 @@ from stratagem_deepspeed.environment import (
     select_deepspeed_accelerator,
 )
 from stratagem_deepspeed.lightning_options import parse_lightning_options, upgrade_boolean_offload
-from stratagem_deepspeed.memory import RELEASING_STEP_TIME, deepspeed_estimate
+from stratagem_deepspeed.memory import RELEASING_STEP_TIME, deepspeed_estimate, zero_layout_sharding
 from stratagem_deepspeed.nvme_swap import (
     release_swap_buffers,
     swapped_optimizer_state_in_memory,
@@ -264,6 +265,14 @@ class DeepSpeedStrategy(ParallelStrategy, OwnsAccumulation):
         if self.releases_host_memory:
             estimate = replace(estimate, relative_step_time=estimate.relative_step_time * RELEASING_STEP_TIME)
         return estimate
+
+    def layout_sharding(self, devices_per_node: int) -> LayoutSharding:
+        # Unconfigured: the config as the options or the user's file give it, before the Trainer's values join.
+        if self.user_config is not None:
+            config = upgrade_boolean_offload(self.user_config)
+        else:
+            config = self._lightning.apply(self.options.to_config())
+        return zero_layout_sharding(config)
 
     @property
     def releases_host_memory(self) -> bool:

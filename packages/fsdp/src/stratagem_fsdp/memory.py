@@ -22,15 +22,9 @@ def fsdp_estimate(
     computes (the largest unit and the prefetched next one), and the root's own parameters for the whole step.
     Without resharding after forward (``SHARD_GRAD_OP``) every unit stays gathered until backward."""
     shard_ranks = layout.mesh_shape[-1]
-    element_bytes = footprint.parameter_bytes / max(1, footprint.parameters)
-    unit_sizes, root_size = _unit_sizes(footprint, auto_wrap)
-    if not layout.reshard_after_forward:
-        gathered_elements = footprint.parameters
-    else:
-        largest_two = sum(sorted(unit_sizes, reverse=True)[:2])
-        gathered_elements = root_size + largest_two
-    # A gathered unit's gradient is whole until it is reduce-scattered.
-    gathered = int(2 * gathered_elements * element_bytes) if shard_ranks > 1 else 0
+    gathered = gathered_bytes(
+        footprint, shard_ranks, auto_wrap=auto_wrap, reshard_after_forward=layout.reshard_after_forward
+    )
     shards = footprint.training_state_bytes // shard_ranks
     if offload:
         return MemoryEstimate(
@@ -42,6 +36,23 @@ def fsdp_estimate(
         device_bytes=shards + gathered + footprint.activation_bytes,
         relative_step_time=SHARDED_STEP_TIME if shard_ranks > 1 else 1.0,
     )
+
+
+def gathered_bytes(
+    footprint: ModelFootprint, shard_ranks: int, *, auto_wrap: ModuleSelector | None, reshard_after_forward: bool
+) -> int:
+    """The parameters (and their whole gradients) a rank holds gathered at once while a unit computes."""
+    if shard_ranks <= 1:
+        return 0
+    element_bytes = footprint.parameter_bytes / max(1, footprint.parameters)
+    unit_sizes, root_size = _unit_sizes(footprint, auto_wrap)
+    if not reshard_after_forward:
+        gathered_elements = footprint.parameters
+    else:
+        largest_two = sum(sorted(unit_sizes, reverse=True)[:2])
+        gathered_elements = root_size + largest_two
+    # A gathered unit's gradient is whole until it is reduce-scattered.
+    return int(2 * gathered_elements * element_bytes)
 
 
 def _unit_sizes(footprint: ModelFootprint, auto_wrap: ModuleSelector | None) -> tuple[list[int], int]:

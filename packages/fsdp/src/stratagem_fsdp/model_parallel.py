@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -14,6 +15,7 @@ from torch.distributed.tensor import DTensor
 
 from stratagem.environments.cluster_environment import ClusterEnvironment
 from stratagem.mesh import Degree, MeshLayout
+from stratagem.strategies import LayoutSharding
 from stratagem_fsdp.options import ShardingLayout
 from stratagem_fsdp.strategy import FSDPStrategy
 
@@ -86,6 +88,16 @@ class ModelParallelStrategy(FSDPStrategy):
             per_node = len(self.parallel_devices or devices)
             self._mesh_layout = MeshLayout(self._mesh_layout.dp_replicate, -1, per_node)
         super().configure_placement(devices=devices, num_nodes=num_nodes, cluster_environment=cluster_environment)
+
+    def layout_sharding(self, devices_per_node: int) -> LayoutSharding:
+        layout = self._mesh_layout
+        assert layout is not None  # set in __init__
+        default = {name: int(getattr(layout, name)) for name in layout.dim_names}
+        if self._tp_from_devices:
+            default["tp"] = devices_per_node
+        return replace(
+            super().layout_sharding(devices_per_node), dimensions=layout.dim_names, default=default, options=None
+        )
 
     def complete_configuration(self) -> None:
         super().complete_configuration()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, cast
@@ -39,9 +39,11 @@ from stratagem.checkpoint_io.safetensors_import import SafetensorsWeights, copy_
 from stratagem.strategies import (
     BackwardSyncControl,
     BlockPolicy,
+    LayoutSharding,
     MemoryEstimate,
     ModelFootprint,
     ParallelStrategy,
+    RehearsesSetup,
     check_release_host_memory,
     release_freed_host_memory,
     releases_host_memory,
@@ -49,11 +51,12 @@ from stratagem.strategies import (
     split_parallel_options,
 )
 from stratagem.strategies.compilation import strip_compile_prefix
+from stratagem.strategies.memory import TrainingState
 from stratagem.strategies.rank_zero_build import rank_zero_build, refuse_differently_built, refuse_meta_attributes
 from stratagem_fsdp.async_checkpoint_io import AsyncDistributedCheckpointIO
 from stratagem_fsdp.checkpoint_io import DistributedCheckpointIO
 from stratagem_fsdp.materialize import allocate, has_meta_tensors
-from stratagem_fsdp.memory import RELEASING_STEP_TIME, fsdp_estimate
+from stratagem_fsdp.memory import RELEASING_STEP_TIME, fsdp_estimate, gathered_bytes
 from stratagem_fsdp.optimizer_state import parameter_names, to_index_keyed, to_name_keyed
 from stratagem_fsdp.options import (
     ModulePolicy,
@@ -84,7 +87,7 @@ from stratagem_fsdp.wrapping import (
 _FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
 
 
-class FSDPStrategy(ParallelStrategy, BackwardSyncControl):
+class FSDPStrategy(ParallelStrategy, BackwardSyncControl, RehearsesSetup):
     """Shards parameters, gradients and optimizer state over the ranks with PyTorch's ``fully_shard`` (FSDP2).
 
     Runs on CPU (gloo) and CUDA (nccl). Options:
@@ -152,6 +155,39 @@ class FSDPStrategy(ParallelStrategy, BackwardSyncControl):
         if self.releases_host_memory:
             estimate = replace(estimate, relative_step_time=estimate.relative_step_time * RELEASING_STEP_TIME)
         return estimate
+
+    def layout_sharding(self, devices_per_node: int) -> LayoutSharding:
+        everything: frozenset[TrainingState] = frozenset(("parameters", "gradients", "optimizer_state"))
+        reshard = self.sharding_strategy != "SHARD_GRAD_OP"
+        if self.sharding_strategy == "HYBRID_SHARD":
+            shard = self._device_mesh_shape[1] if self._device_mesh_shape is not None else devices_per_node
+            default = {"dp_replicate": -1, "dp_shard": shard}
+        elif self.sharding_strategy == "NO_SHARD":
+            default = {"dp_replicate": -1}
+        else:
+            default = {"dp_shard": -1}
+        return LayoutSharding(
+            dimensions=("dp_replicate",) if self.sharding_strategy == "NO_SHARD" else ("dp_replicate", "dp_shard"),
+            default=default,
+            sharded=frozenset() if self.sharding_strategy == "NO_SHARD" else everything,
+            offloaded=everything if self.cpu_offload else frozenset(),
+            parameter_gathers=2 if reshard else 1,
+            buffers=functools.partial(gathered_bytes, auto_wrap=self._auto_wrap, reshard_after_forward=reshard),
+            # fully_shard gathers, and computes gradients, in the mixed precision's dtype.
+            buffers_in_compute_dtype=True,
+            recomputes=self._recomputes if self._activation_checkpointing is not None else None,
+            options=self._layout_options,
+        )
+
+    def _recomputes(self, module: nn.Module) -> bool:
+        selector = self._activation_checkpointing
+        return selector is not None and selector(module, sum(parameter.numel() for parameter in module.parameters()))
+
+    def _layout_options(self, layout: Mapping[str, int]) -> str:
+        replicas, shards = layout.get("dp_replicate", 1), layout.get("dp_shard", 1)
+        if replicas > 1:
+            return f'sharding_strategy="HYBRID_SHARD", device_mesh=({replicas}, {shards})'
+        return ""
 
     @property
     def releases_host_memory(self) -> bool:
@@ -256,18 +292,11 @@ class FSDPStrategy(ParallelStrategy, BackwardSyncControl):
         module = self.precision.convert_module(module)
         if self._activation_checkpointing is not None:
             apply_activation_checkpointing(module, self._activation_checkpointing)
-        unit_kwargs = {
-            "reshard_after_forward": self._configured_layout.reshard_after_forward,
-            "mp_policy": mixed_precision_policy(self.mixed_precision, self.precision),
-            "offload_policy": self._configured_offload_policy,
-            **self._fully_shard_kwargs,
-        }
-        # The root's parameters are needed again as soon as backward starts: freeing them after the
-        # step's forward would only gather them again at once (fully_shard's own default for roots).
-        root_kwargs = {
-            **unit_kwargs,
-            "reshard_after_forward": self._fully_shard_kwargs.get("reshard_after_forward", False),
-        }
+        unit_kwargs, root_kwargs = self._fully_shard_arguments(
+            reshard_after_forward=self._configured_layout.reshard_after_forward,
+            mp_policy=mixed_precision_policy(self.mixed_precision, self.precision),
+            offload_policy=self._configured_offload_policy,
+        )
         refuse_differently_built(module)
         if self.is_global_zero:
             self._rank_zero_values.keep_present(module)
@@ -279,6 +308,29 @@ class FSDPStrategy(ParallelStrategy, BackwardSyncControl):
         refuse_meta_attributes(root)
         self._module, self._model = module, root
         return root
+
+    def _fully_shard_arguments(self, **unit: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+        """``fully_shard``'s keyword arguments for each unit and for the root: ``unit`` and the user's own."""
+        unit_kwargs = {**unit, **self._fully_shard_kwargs}
+        # The root's parameters are needed again as soon as backward starts: freeing them after the
+        # step's forward would only gather them again at once (fully_shard's own default for roots).
+        root_kwargs = {
+            **unit_kwargs,
+            "reshard_after_forward": self._fully_shard_kwargs.get("reshard_after_forward", False),
+        }
+        return unit_kwargs, root_kwargs
+
+    def rehearse_setup(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        # setup_module's steps that decide the shards, on the rehearsal's mesh; the precision's casts and the
+        # offload policy move tensors, and rank 0's values exist only in a run, so they are left out.
+        if self._activation_checkpointing is not None:
+            apply_activation_checkpointing(module, self._activation_checkpointing)
+        replicas = device_mesh["dp_replicate"].size()
+        mesh = device_mesh["dp_replicate", "dp_shard"] if replicas > 1 else device_mesh["dp_shard"]
+        unit_kwargs, root_kwargs = self._fully_shard_arguments(
+            reshard_after_forward=self.sharding_strategy != "SHARD_GRAD_OP"
+        )
+        return shard_module(module, self._auto_wrap, mesh, unit_kwargs, root_kwargs)
 
     def compile_blocks(self) -> BlockPolicy | None:
         # The FSDP units are the blocks: each compiled region then runs between its unit's gather and free.

@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from stratagem.cli import plan_cluster
 from stratagem.config_values import parse_json
 from stratagem.printable import shown_repr
 
@@ -23,7 +24,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = (
         "Estimate the peak memory per rank (device, host, disk) of training MODULE under every installed strategy "
         "(or --strategies), from a copy built on the meta device, and say which fit the memory and disk visible "
-        "here and which strategy='auto' would choose."
+        "here and which strategy='auto' would choose. With a cluster (--world-size, --device, ...): every "
+        "strategy in every mesh layout of that cluster, ranked by a stated step-time model; --dry-run rehearses "
+        "them on torch's fake process group."
     )
     parser.add_argument(
         "module", metavar="MODULE", help="the module class, as package.module:Class or path/to/file.py:Class"
@@ -35,6 +38,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--precision", default=None, help="32-true, bf16-mixed, bf16-true, ... (default: 32-true)")
     parser.add_argument("--strategies", default=None, help="comma-separated names to plan (default: all registered)")
     parser.add_argument("--json", action="store_true", help="print the whole plan as JSON, every reason in full")
+    plan_cluster.add_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -43,6 +47,8 @@ def run(args: argparse.Namespace) -> int:
     from stratagem.planning import plan, strategies_to_plan
 
     module = build_module(args.module, args.init_args)
+    if plan_cluster.wants_cluster(args):
+        return plan_cluster.run(args, module)
     options: dict[str, Any] = {
         "accelerator": args.accelerator,
         "devices": _devices(args.devices),

@@ -19,12 +19,15 @@ DEFAULT_STATES_PER_ELEMENT = 2
 """Optimizer state tensors per trainable element assumed when the optimizer is unknown (AdamW's two moments)."""
 
 
-def model_footprint(module: nn.Module, precision: Precision | None = None) -> tuple[ModelFootprint, list[str]]:
+def model_footprint(
+    module: nn.Module, precision: Precision | None = None, activations: bool = True
+) -> tuple[ModelFootprint, list[str]]:
     """The footprint of ``module`` once ``configure_model`` has run, with notes on what was assumed.
 
     The user's module is left untouched: a copy whose existing tensors are meta tensors runs
     ``configure_model`` on the meta device (in ``precision``'s parameter dtype), then
-    ``configure_optimizers`` and, when the module has an ``example_input_array``, one forward.
+    ``configure_optimizers`` and, when the module has an ``example_input_array`` and ``activations`` is true,
+    one forward.
     """
     precision = precision or Precision()
     notes: list[str] = []
@@ -43,7 +46,7 @@ def model_footprint(module: nn.Module, precision: Precision | None = None) -> tu
             parameter_bytes=sum(_bytes(parameter) for parameter in parameters),
             gradient_bytes=gradient_bytes,
             optimizer_state_bytes=int(states * gradient_bytes),
-            activation_bytes=_activation_bytes(meta_module, notes),
+            activation_bytes=_activation_bytes(meta_module, notes) if activations else 0,
             largest_unit_bytes=_largest_unit_bytes(meta_module),
             module=meta_module,
         ),

@@ -8,6 +8,7 @@ from stratagem.strategies.capabilities import (
     OwnsAccumulation,
     OwnsTrainingStep,
     RebuildsDataLoaders,
+    RehearsesSetup,
     StepBoundary,
     StepBoundaryListener,
 )
@@ -18,7 +19,7 @@ from stratagem.strategies.host_allocator import (
     releases_host_memory,
 )
 from stratagem.strategies.init_contexts import skip_parameter_init
-from stratagem.strategies.memory import MemoryEstimate, ModelFootprint, replicated_estimate
+from stratagem.strategies.memory import LayoutSharding, MemoryEstimate, ModelFootprint, replicated_estimate
 from stratagem.strategies.parallel import ParallelOptions, ParallelStrategy, split_parallel_options
 from stratagem.strategies.single_device import SingleDeviceStrategy
 from stratagem.strategies.strategy import LoopSettings, ReduceOp, Strategy, StrategyOptions
@@ -31,6 +32,7 @@ __all__ = [
     "FeedsBatchesToDevice",
     "LoaderStage",
     "LoopSettings",
+    "LayoutSharding",
     "MemoryEstimate",
     "ModelFootprint",
     "OwnsAccumulation",
@@ -38,6 +40,7 @@ __all__ = [
     "ParallelOptions",
     "ParallelStrategy",
     "RebuildsDataLoaders",
+    "RehearsesSetup",
     "ReduceOp",
     "SingleDeviceStrategy",
     "StepBoundary",

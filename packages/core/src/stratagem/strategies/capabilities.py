@@ -136,6 +136,22 @@ class RebuildsDataLoaders(ABC):
         (validation during fit is ``"validate"``). Raise ``ValueError`` naming the setting that cannot work."""
 
 
+class RehearsesSetup(ABC):
+    """A strategy that can apply its setup to a module built on the meta device, in one process on torch's fake
+    process group: what ``stratagem plan --dry-run`` does to show each rank's real shards before any job starts.
+
+    Unlike the abilities above, this runs in the calling process, outside any run: the process group is fake
+    (collectives do nothing) and nothing is allocated.
+    """
+
+    @abstractmethod
+    def rehearse_setup(self, module: Any, device_mesh: Any) -> Any:
+        """Wrap and shard ``module`` (an ``nn.Module`` on the meta device, already split by its own tensor-parallel
+        plan) over ``device_mesh`` (named ``dp_replicate``, ``dp_shard``, ``tp``, ... as :mod:`stratagem.mesh`
+        builds it) as :meth:`Strategy.setup_module` would, without allocating or moving any tensor; return the
+        module the run would train."""
+
+
 def adopt_legacy_capabilities(cls: type) -> None:
     """Give a strategy class written against stratagem 0.1 the abilities its members declare.
 

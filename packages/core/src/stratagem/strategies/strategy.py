@@ -25,7 +25,7 @@ from stratagem.strategies.capabilities import adopt_legacy_capabilities
 from stratagem.strategies.compilation import BlockPolicy, CompiledRegions, CompileSettings, strip_compile_prefix
 from stratagem.strategies.constructor_signature import check_option_names, signature_with_forwarded_options
 from stratagem.strategies.init_contexts import skip_parameter_init
-from stratagem.strategies.memory import MemoryEstimate, ModelFootprint, replicated_estimate
+from stratagem.strategies.memory import LayoutSharding, MemoryEstimate, ModelFootprint, replicated_estimate
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
@@ -224,6 +224,15 @@ class Strategy(ABC):
         state. A strategy that shards or offloads overrides it.
         """
         return replicated_estimate(footprint)
+
+    def layout_sharding(self, devices_per_node: int) -> LayoutSharding | None:
+        """How this strategy, with the options it was created with, would lay a model over a cluster of
+        ``devices_per_node`` devices per node; ``None`` (the default) when it does not say, and is then left out of
+        ``stratagem plan --world-size``.
+
+        Called on an unconfigured instance in the calling process: a cluster being planned is not this machine.
+        """
+        return None
 
     @property
     def distributed_sampler_kwargs(self) -> dict[str, int] | None:
