@@ -29,7 +29,6 @@ class PipelineEngine:
         kind: ScheduleKind,
         group: Any,
         device: torch.device,
-        micro_batches: int,
     ) -> None:
         self.views = list(views)
         self.stages = list(stages)
@@ -37,7 +36,6 @@ class PipelineEngine:
         self.kind = kind
         self.group = group
         self.device = device
-        self.micro_batches = micro_batches
         self._pp = dist.get_world_size(group)
         self._pp_rank = dist.get_rank(group)
         self._schedules: dict[tuple[Any, ...], Any] = {}
@@ -46,20 +44,20 @@ class PipelineEngine:
     def holds_last_stage(self) -> bool:
         return self.num_stages - 1 in self.stages
 
-    def train_step(self, inputs: tuple[Any, ...], target: Any, loss: LossFunction) -> torch.Tensor:
-        """Forward and backward of one batch over the micro-batches (gradients are the batch mean's, as
-        ``loss`` of every micro-batch is a mean); the mean loss on every rank of the pipeline."""
-        key = tuple(_shape_of(value) for value in (*inputs, target))
+    def train_step(self, inputs: tuple[Any, ...], target: Any, loss: LossFunction, micro_batches: int) -> torch.Tensor:
+        """Forward and backward of one batch over ``micro_batches`` (gradients are the batch mean's, as ``loss``
+        of every micro-batch is a mean); the mean loss on every rank of the pipeline."""
+        key = (micro_batches, *(_shape_of(value) for value in (*inputs, target)))
         schedule = self._schedules.get(key)
         if schedule is None:
-            schedule = self._schedules[key] = self._make_schedule(loss)
+            schedule = self._schedules[key] = self._make_schedule(loss, micro_batches)
         losses: list[torch.Tensor] = []
         # Every rank passes the whole batch: the first stage reads the inputs, the last the target, others neither.
         schedule.step(*inputs, target=target, losses=losses)
         mean = torch.stack(losses).detach().mean() if losses else torch.zeros((), device=self.device)
         return self._from_stage(self.num_stages - 1, mean)
 
-    def _make_schedule(self, loss: LossFunction) -> Any:
+    def _make_schedule(self, loss: LossFunction, micro_batches: int) -> Any:
         from torch.distributed.pipelining import PipelineStage
 
         pipeline_stages = [
@@ -68,7 +66,7 @@ class PipelineEngine:
         ]
         schedule_class = self.kind.torch_schedule()
         first = pipeline_stages if self.kind.multi_stage else pipeline_stages[0]
-        return schedule_class(first, n_microbatches=self.micro_batches, loss_fn=loss)
+        return schedule_class(first, n_microbatches=micro_batches, loss_fn=loss)
 
     def _from_stage(self, stage: int, tensor: torch.Tensor) -> torch.Tensor:
         """``tensor`` as the rank holding ``stage`` has it, on every rank of the pipeline."""
