@@ -20,7 +20,7 @@ def test_data_parallel_ranks_count_tensor_parallel_neighbours_once():
 @pytest.mark.parametrize(
     ("sizes", "world_size", "message"),
     [
-        ({"dp_shard": 3, "tp": 2}, 4, r"\(pp=1, dp_replicate=1, dp_shard=3, tp=2\).*multiply to 6, not to the 4 processes"),
+        ({"dp_shard": 3, "tp": 2}, 4, r"\(pp=1, dp_replicate=1, dp_shard=3, tp=2\).*multiply to 6, not to the 4"),
         ({"dp_shard": -1, "tp": 3}, 4, r"multiply to 3, which does not divide the 4 processes"),
     ],
 )
