@@ -68,6 +68,23 @@ def _fit(root: str, options: dict[str, Any], data_parallel: int = 1, save: bool 
     }
 
 
+def _stop_and_resume(root: str, options: dict[str, Any]) -> list[float]:
+    """Half the epoch, saved by ModelCheckpoint; then a new Trainer resumes from that checkpoint to the end."""
+    losses = []
+    for steps, checkpoint in ((STEPS // 2, None), (-1, f"{root}/half/half.ckpt")):
+        torch.manual_seed(0)
+        recorder = _StepLosses()
+        saver = ModelCheckpoint(dirpath=f"{root}/half", filename="half", every_n_train_steps=STEPS // 2)
+        trainer = Trainer(
+            strategy=PipelineStrategy(**options), accelerator="cpu", devices=dist.get_world_size(), max_epochs=1,
+            max_steps=steps, default_root_dir=root, logger=False, enable_progress_bar=False,
+            callbacks=[recorder, saver] if checkpoint is None else [recorder], num_sanity_val_steps=0,
+        )  # fmt: skip
+        trainer.fit(TinyGPT(), _loader(1), ckpt_path=checkpoint)
+        losses += recorder.losses
+    return losses
+
+
 def _validation_loss(weights: dict[str, torch.Tensor]) -> float:
     model = TinyGPT()
     model.load_state_dict(weights)
@@ -135,6 +152,13 @@ def test_the_zero_bubble_v_schedule_trains_like_one_process(workers, tmp_path, r
     assert "head.weight" in results[0]["own"]
     assert "tokens.weight" in results[0]["own"]
     assert not {"head.weight", "tokens.weight"} & set(results[1]["own"])
+
+
+@pytest.mark.timeout(240)
+def test_a_run_stopped_halfway_resumes_from_its_checkpoint_exactly(workers, one_f_one_b, tmp_path):
+    results = workers.run(_stop_and_resume, str(tmp_path), {"pipeline_schedule": "1f1b", "micro_batches": 4})
+    for result, uninterrupted in zip(results, one_f_one_b, strict=True):
+        assert result == uninterrupted["losses"]
 
 
 def test_each_rank_holds_only_its_stage_under_the_whole_model_s_names(one_f_one_b):
