@@ -58,7 +58,15 @@ def _fit(root: str, options: dict[str, Any], data_parallel: int = 1, save: bool 
         callbacks=callbacks, num_sanity_val_steps=0,
     )  # fmt: skip
     trainer.fit(module, _loader(data_parallel), _loader(data_parallel))
+    after: dict[str, Any] = {}
+    if save:
+        # The same module and strategy again in this process: its stages are set up on a new pipeline.
+        [validated] = trainer.validate(module, _loader(data_parallel))
+        tokens = global_batches(1, seed=7)[0][0]
+        [predicted] = trainer.predict(module, DataLoader(tokens, batch_size=GLOBAL_BATCH))
+        after = {"validated": validated["val_loss"], "predicted": predicted}
     return {
+        **after,
         "losses": recorder.losses,
         "progress_bar_loss": trainer.progress_bar_metrics["loss"],
         "val_loss": float(trainer.callback_metrics["val_loss"]),
@@ -181,6 +189,17 @@ def test_validation_runs_forward_only_through_the_stages_and_matches_the_trained
     _, weights = reference
     for result in one_f_one_b:
         assert result["val_loss"] == pytest.approx(_validation_loss(weights), abs=LOSS_TOLERANCE)
+
+
+def test_validate_and_predict_after_fit_run_the_same_stages_again(one_f_one_b, reference):
+    _, weights = reference
+    model = TinyGPT()
+    model.load_state_dict(weights)
+    with torch.no_grad():
+        expected = model(global_batches(1, seed=7)[0][0])
+    for result in one_f_one_b:
+        assert result["validated"] == pytest.approx(result["val_loss"], abs=1e-6)
+        torch.testing.assert_close(result["predicted"], expected, rtol=0, atol=1e-4)
 
 
 def test_a_pipeline_checkpoint_loads_into_single_device_with_the_trained_weights_and_optimizer(one_f_one_b, reference):

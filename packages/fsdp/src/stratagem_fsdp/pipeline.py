@@ -200,6 +200,8 @@ class PipelineStrategy(ModelParallelStrategy, OwnsTrainingStep, ChecksModuleBefo
                 f"{type(module).__name__} has no {_LOSS_HOOK}(output, target): the pipeline strategy computes the loss "
                 "on the last stage, per micro-batch, with it. Define it (the loss training_step would compute)."
             )
+        if self._split is not None and module is self._module:
+            return  # Cut into stages by an earlier run in this process (fit, then validate): checked then.
         if any(True for _ in module.parameters()):
             split_module(module, self.num_stages, self.pipeline_split, self.pipeline_blocks)
 

@@ -216,7 +216,7 @@ def _tensors_of(module: nn.Module, piece: str) -> list[tuple[str, object]]:
     child = holder._modules.get(attribute)
     if child is None:
         tensor = holder._parameters.get(attribute, holder._buffers.get(attribute))
-        return [(piece, tensor)]
+        return [] if tensor is None else [(piece, tensor)]
     return [
         (f"{piece}.{name}", tensor)
         for name, tensor in (
