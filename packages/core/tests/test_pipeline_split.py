@@ -1,4 +1,5 @@
-"""Cutting a module into pipeline stages: the split, the schedules' checks, and the stage modules in one process."""
+"""Cutting a module into pipeline stages: the split, the schedules' checks, the stage modules in one process, and
+what the planner counts of a pipeline rank."""
 
 import copy
 
@@ -7,7 +8,15 @@ import torch
 from torch import nn
 
 from stratagem.pipelining import SCHEDULES, StageBlocks, check_schedule, keep_stages, split_module, stage_view
+from stratagem.pipelining.memory import (
+    PipelineShape,
+    bubble_fraction,
+    chunks_in_flight,
+    pipeline_estimate,
+    stage_parameters,
+)
 from stratagem.pipelining.schedules import rank_stages, schedule_kind, stage_rank
+from stratagem.planning import model_footprint
 
 
 class Decoder(nn.Module):
@@ -148,3 +157,29 @@ def test_interleaved_schedules_hold_two_stages_per_rank_by_default():
     assert check_schedule("interleaved_1f1b", 2, None, 4) == 2
     assert check_schedule("1f1b", 2, None, 2) == 1
     assert schedule_kind("zbv_zero_bubble").layout == "v"
+
+
+def _shape(name: str, pp: int = 2, micro_batches: int = 8, per_rank: int | None = None) -> PipelineShape:
+    kind = schedule_kind(name)
+    return PipelineShape(kind, pp, per_rank or kind.default_stages_per_rank(), micro_batches)
+
+
+def test_the_estimate_counts_the_busiest_stage_s_parameters_and_the_schedule_s_micro_batches_in_flight():
+    module = Decoder(4)
+    module.example_input_array = torch.zeros(8, 3, dtype=torch.long)
+    footprint, _ = model_footprint(module)
+    assert footprint.activation_bytes > 0
+    split = split_module(footprint.module, 2)
+    sizes = stage_parameters(footprint.module, split)
+    assert sum(sizes) == footprint.parameters
+    assert sizes[0] == sum(p.numel() for p in (module.embed.weight, module.scale, *module.layers[:2].parameters()))
+    gpipe = pipeline_estimate(footprint, _shape("gpipe"), split)
+    one_f_one_b = pipeline_estimate(footprint, _shape("1f1b"), split)
+    whole = footprint.training_state_bytes + footprint.activation_bytes
+    assert one_f_one_b.device_bytes < gpipe.device_bytes < whole
+    assert (chunks_in_flight(_shape("gpipe")), chunks_in_flight(_shape("1f1b"))) == (8, 2)
+    assert chunks_in_flight(_shape("looped_bfs")) == 16
+    # The bubble shrinks with more micro-batches and with zero-bubble schedules.
+    assert bubble_fraction(_shape("1f1b", micro_batches=8)) < bubble_fraction(_shape("1f1b", micro_batches=2))
+    assert bubble_fraction(_shape("interleaved_zero_bubble")) < bubble_fraction(_shape("interleaved_1f1b"))
+    assert one_f_one_b.relative_step_time == pytest.approx(1 / (1 - 1 / 9))

@@ -365,3 +365,27 @@ def test_the_pipeline_is_registered_by_name_with_pp_outermost_on_the_mesh():
     assert strategy.mesh_layout.dim_names[0] == "pp"
     assert strategy.mesh_layout.shape == (2, 1, 1, 1)
     assert strategy.distributed_sampler_kwargs == {"num_replicas": 1, "rank": 0}
+
+
+def test_the_planner_s_estimate_counts_one_stage_of_the_decoder():
+    from stratagem.planning import model_footprint
+
+    module = TinyGPT()
+    module.example_input_array = global_batches(1)[0][0]
+    footprint, _ = model_footprint(module)
+    pipeline = stratagem.resolve(strategy=PipelineStrategy(micro_batches=4), accelerator="cpu", devices=2)
+    single = stratagem.resolve(strategy="single_device", accelerator="cpu", devices=1)
+    whole, stage = single.estimate_memory(footprint), pipeline.estimate_memory(footprint)
+    assert stage.device_bytes < 0.75 * whole.device_bytes
+    assert stage.relative_step_time > 1
+
+
+def test_the_planner_leaves_out_the_pipeline_for_a_module_it_cannot_cut():
+    from stratagem.demo import DemoModule
+    from stratagem.planning import plan
+
+    planned = plan(DemoModule(), ["pipeline", "fsdp"], accelerator="cpu", devices=2)
+    pipeline, fsdp = planned.candidates
+    assert pipeline.problem is not None
+    assert "not usable for DemoModule" in pipeline.problem
+    assert fsdp.problem is None

@@ -23,6 +23,7 @@ from torch.optim import Optimizer
 from stratagem.checkpoint_io import LazyCheckpoint, read_full_checkpoint
 from stratagem.mesh import Degree, MeshLayout
 from stratagem.pipelining.engine import PipelineEngine
+from stratagem.pipelining.memory import PipelineShape, pipeline_estimate
 from stratagem.pipelining.schedules import check_schedule, rank_stages, schedule_kind
 from stratagem.pipelining.split import StageSplit, split_module
 from stratagem.pipelining.stage_modules import hand_out_stages, holder_pairs, stage_view
@@ -31,6 +32,8 @@ from stratagem.strategies import (
     EngineSteps,
     LoaderStage,
     LoopSettings,
+    MemoryEstimate,
+    ModelFootprint,
     OwnsTrainingStep,
     Strategy,
     skip_parameter_init,
@@ -148,6 +151,20 @@ class PipelineStrategy(ModelParallelStrategy, OwnsTrainingStep, ChecksModuleBefo
         self.stages_per_rank = check_schedule(
             self.pipeline_schedule, self.pp, self._stages_per_rank_option, self.micro_batches
         )
+
+    def estimate_memory(self, footprint: ModelFootprint) -> MemoryEstimate:
+        layout = self._resolved_layout
+        shape = PipelineShape(
+            schedule_kind(self.pipeline_schedule),
+            self.pp,
+            self.stages_per_rank,
+            self.micro_batches,
+            int(layout.dp_shard),
+        )
+        split = None
+        if footprint.module is not None:
+            split = split_module(footprint.module, self.num_stages, self.pipeline_split, self.pipeline_blocks)
+        return pipeline_estimate(footprint, shape, split)
 
     @property
     def pp(self) -> int:
