@@ -89,18 +89,21 @@ def global_batches(count: int = STEPS, seed: int = 1234) -> list[tuple[torch.Ten
     return batches
 
 
-def single_process_losses(seed: int = 0) -> tuple[list[float], dict[str, torch.Tensor]]:
-    """The same training in one plain process on whole batches: losses and final weights."""
+def single_process_losses(seed: int = 0, accumulate: int = 1) -> tuple[list[float], dict[str, torch.Tensor]]:
+    """The same training in one plain process on whole batches: losses (per optimizer step, the mean of its
+    batches') and final weights. Accumulating, each batch's loss is divided by ``accumulate``, as the Trainer
+    does, also in a last window cut short."""
     torch.manual_seed(seed)
     model = TinyGPT()
     optimizer = model.configure_optimizers()
     losses = []
-    for batch in global_batches():
-        loss = model.training_step(batch)
-        loss.backward()
+    batches = global_batches()
+    for start in range(0, len(batches), accumulate):
+        window = [model.training_step(batch) for batch in batches[start : start + accumulate]]
+        (sum(window) / accumulate).backward()
         optimizer.step()
         optimizer.zero_grad()
-        losses.append(loss.item())
+        losses.append(sum(loss.item() for loss in window) / len(window))
     return losses, {name: value.detach().clone() for name, value in model.state_dict().items()}
 
 

@@ -44,7 +44,9 @@ def _loader(data_parallel: int) -> DataLoader:
     return DataLoader(TensorDataset(tokens, targets), batch_size=GLOBAL_BATCH // data_parallel)
 
 
-def _fit(root: str, options: dict[str, Any], data_parallel: int = 1, save: bool = False) -> dict[str, Any]:
+def _fit(
+    root: str, options: dict[str, Any], data_parallel: int = 1, save: bool = False, accumulate: int = 1
+) -> dict[str, Any]:
     """A Trainer fit of one epoch (STEPS steps) with validation, as a user runs it."""
     torch.manual_seed(0)
     module = TinyGPT()
@@ -55,7 +57,7 @@ def _fit(root: str, options: dict[str, Any], data_parallel: int = 1, save: bool 
     trainer = Trainer(
         strategy=PipelineStrategy(**options), accelerator="cpu", devices=dist.get_world_size(), max_epochs=1,
         default_root_dir=root, logger=False, enable_progress_bar=False, enable_checkpointing=save,
-        callbacks=callbacks, num_sanity_val_steps=0,
+        callbacks=callbacks, num_sanity_val_steps=0, accumulate_grad_batches=accumulate,
     )  # fmt: skip
     trainer.fit(module, _loader(data_parallel), _loader(data_parallel))
     after: dict[str, Any] = {}
@@ -167,6 +169,16 @@ def test_a_run_stopped_halfway_resumes_from_its_checkpoint_exactly(workers, one_
     results = workers.run(_stop_and_resume, str(tmp_path), {"pipeline_schedule": "1f1b", "micro_batches": 4})
     for result, uninterrupted in zip(results, one_f_one_b, strict=True):
         assert result == uninterrupted["losses"]
+
+
+@pytest.mark.timeout(240)
+def test_accumulated_batches_run_as_one_schedule_call_and_train_like_the_trainer_s_accumulation(workers, tmp_path):
+    # 8 batches in windows of 3: two full windows and one of 2, whose gradient counts for 2/3 as the Trainer's does.
+    results = workers.run(_fit, str(tmp_path), {"pipeline_schedule": "1f1b", "micro_batches": 2}, accumulate=3)
+    expected, _ = single_process_losses(accumulate=3)
+    assert len(expected) == 3
+    for result in results:
+        assert result["losses"] == pytest.approx(expected, abs=LOSS_TOLERANCE)
 
 
 def test_each_rank_holds_only_its_stage_under_the_whole_model_s_names(one_f_one_b):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Literal, cast
 
@@ -27,6 +27,7 @@ from stratagem.pipelining.memory import PipelineShape, pipeline_estimate
 from stratagem.pipelining.schedules import check_schedule, rank_stages, schedule_kind
 from stratagem.pipelining.split import StageSplit, split_module
 from stratagem.pipelining.stage_modules import hand_out_stages, holder_pairs, stage_view
+from stratagem.pipelining.windows import BatchWindows
 from stratagem.strategies import (
     ChecksModuleBeforeLaunch,
     EngineSteps,
@@ -35,6 +36,7 @@ from stratagem.strategies import (
     MemoryEstimate,
     ModelFootprint,
     OwnsTrainingStep,
+    RebuildsDataLoaders,
     Strategy,
     skip_parameter_init,
 )
@@ -49,7 +51,7 @@ _LOSS_HOOK = "pipeline_loss"
 _BATCH_HOOK = "pipeline_batch"
 
 
-class PipelineStrategy(ModelParallelStrategy, OwnsTrainingStep, ChecksModuleBeforeLaunch):
+class PipelineStrategy(ModelParallelStrategy, OwnsTrainingStep, RebuildsDataLoaders, ChecksModuleBeforeLaunch):
     """Pipeline parallelism: the module cut into stages, one (or several) per ``"pp"`` rank, trained by a schedule
     of ``torch.distributed.pipelining`` over micro-batches; composed with ``fully_shard`` of each stage over its
     ``"dp_shard"`` ranks (``dp_replicate`` for HSDP) on one mesh, ``pp`` outermost.
@@ -67,9 +69,11 @@ class PipelineStrategy(ModelParallelStrategy, OwnsTrainingStep, ChecksModuleBefo
 
     Training runs the schedule on ``(inputs, target)`` batches (or what ``pipeline_batch(batch)`` returns) with
     ``module.pipeline_loss(output, target)`` on the last stage, a mean per micro-batch; the strategy then clips
-    and steps the optimizers (:class:`OwnsTrainingStep`). ``validation_step``, ``test_step`` and
-    ``predict_step`` run as written: ``self(x)`` inside them runs the stages forward only and gives every rank
-    the model's output, so ``self.log`` works on every rank.
+    and steps the optimizers (:class:`OwnsTrainingStep`). With ``accumulate_grad_batches=k`` the training data
+    is read ``k`` batches at a time (:class:`RebuildsDataLoaders`), one schedule call over all their
+    micro-batches. ``validation_step``, ``test_step`` and ``predict_step`` run as written: ``self(x)`` inside
+    them runs the stages forward only and gives every rank the model's output, so ``self.log`` works on every
+    rank.
 
     Options:
 
@@ -186,11 +190,6 @@ class PipelineStrategy(ModelParallelStrategy, OwnsTrainingStep, ChecksModuleBefo
         return max(1, self.pp)
 
     def connect_loop_settings(self, settings: LoopSettings) -> None:
-        if settings.accumulate_grad_batches != 1:
-            raise ValueError(
-                f"accumulate_grad_batches={settings.accumulate_grad_batches} with the pipeline strategy: its schedule "
-                "already accumulates gradients over micro-batches. Give a larger batch and more micro_batches instead."
-            )
         super().connect_loop_settings(settings)
         size = settings.train_batch_size
         if size is not None:
@@ -311,6 +310,11 @@ class PipelineStrategy(ModelParallelStrategy, OwnsTrainingStep, ChecksModuleBefo
         self._optimizers = super().setup_optimizers(optimizers)
         return self._optimizers
 
+    def rebuild_dataloader(self, loader: Iterable[Any], stage: LoaderStage) -> Iterable[Any]:
+        # Accumulating k batches is one schedule call over their micro-batches, k times as many.
+        accumulate = self.loop_settings.accumulate_grad_batches
+        return BatchWindows(loader, accumulate) if stage == "fit" and accumulate > 1 else loader
+
     # -- steps ------------------------------------------------------------------------------
 
     @property
@@ -320,12 +324,18 @@ class PipelineStrategy(ModelParallelStrategy, OwnsTrainingStep, ChecksModuleBefo
     def run_training_steps(self, batch: Any, batch_idx: int) -> EngineSteps:
         engine = self.pipeline_engine
         module = self.module
-        inputs, target = _inputs_and_target(module, batch)
+        settings = self.loop_settings
+        window = batch if settings.accumulate_grad_batches > 1 else [batch]
+        pairs = [_inputs_and_target(module, item) for item in window]
+        micro_batches = sum(self._micro_batches_of(inputs) for inputs, _ in pairs)
+        inputs, target = _joined(pairs)
         self._follow_mode(module)
-        micro_batches = self._micro_batches_of(inputs)
         with self.precision.forward_context():
             loss = engine.train_step(inputs, target, getattr(module, _LOSS_HOOK), micro_batches)
-        settings = self.loop_settings
+        if len(window) < settings.accumulate_grad_batches:
+            # A window cut short by the epoch's end: its gradient is the sum of its batches' over the full
+            # window's length, as the Trainer accumulates (the schedule gave their mean).
+            _scale_gradients(self._optimizers, len(window) / settings.accumulate_grad_batches)
         for optimizer in self._optimizers:
             if settings.gradient_clip_val is not None:
                 self._clip(optimizer, settings.gradient_clip_val, settings.gradient_clip_algorithm)
@@ -502,6 +512,23 @@ def _submodule_or_none(module: nn.Module, name: str) -> nn.Module | None:
 
 def _as_list(value: Any) -> list[Any]:
     return list(value) if isinstance(value, list | tuple) else [value]
+
+
+def _joined(pairs: list[tuple[tuple[Any, ...], Any]]) -> tuple[tuple[Any, ...], Any]:
+    """Several batches' inputs and targets as one batch (concatenated along the batch dimension)."""
+    if len(pairs) == 1:
+        return pairs[0]
+    inputs = tuple(torch.cat(parts) for parts in zip(*(inputs for inputs, _ in pairs), strict=True))
+    return inputs, torch.cat([target for _, target in pairs])
+
+
+def _scale_gradients(optimizers: list[Optimizer], factor: float) -> None:
+    with torch.no_grad():
+        for optimizer in optimizers:
+            for group in optimizer.param_groups:
+                for parameter in group["params"]:
+                    if parameter.grad is not None:
+                        parameter.grad.mul_(factor)
 
 
 def _inputs_and_target(module: nn.Module, batch: Any) -> tuple[tuple[Any, ...], Any]:
