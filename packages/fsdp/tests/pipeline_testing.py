@@ -89,10 +89,12 @@ def global_batches(count: int = STEPS, seed: int = 1234) -> list[tuple[torch.Ten
     return batches
 
 
-def single_process_losses(seed: int = 0, accumulate: int = 1) -> tuple[list[float], dict[str, torch.Tensor]]:
+def single_process_losses(
+    seed: int = 0, accumulate: int = 1, clip: float | None = None
+) -> tuple[list[float], dict[str, torch.Tensor]]:
     """The same training in one plain process on whole batches: losses (per optimizer step, the mean of its
     batches') and final weights. Accumulating, each batch's loss is divided by ``accumulate``, as the Trainer
-    does, also in a last window cut short."""
+    does, also in a last window cut short; ``clip`` clips the gradient's norm before each step."""
     torch.manual_seed(seed)
     model = TinyGPT()
     optimizer = model.configure_optimizers()
@@ -101,6 +103,8 @@ def single_process_losses(seed: int = 0, accumulate: int = 1) -> tuple[list[floa
     for start in range(0, len(batches), accumulate):
         window = [model.training_step(batch) for batch in batches[start : start + accumulate]]
         (sum(window) / accumulate).backward()
+        if clip is not None:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
         optimizer.step()
         optimizer.zero_grad()
         losses.append(sum(loss.item() for loss in window) / len(window))

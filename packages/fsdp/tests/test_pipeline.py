@@ -45,7 +45,12 @@ def _loader(data_parallel: int) -> DataLoader:
 
 
 def _fit(
-    root: str, options: dict[str, Any], data_parallel: int = 1, save: bool = False, accumulate: int = 1
+    root: str,
+    options: dict[str, Any],
+    data_parallel: int = 1,
+    save: bool = False,
+    accumulate: int = 1,
+    clip: float | None = None,
 ) -> dict[str, Any]:
     """A Trainer fit of one epoch (STEPS steps) with validation, as a user runs it."""
     torch.manual_seed(0)
@@ -57,7 +62,7 @@ def _fit(
     trainer = Trainer(
         strategy=PipelineStrategy(**options), accelerator="cpu", devices=dist.get_world_size(), max_epochs=1,
         default_root_dir=root, logger=False, enable_progress_bar=False, enable_checkpointing=save,
-        callbacks=callbacks, num_sanity_val_steps=0, accumulate_grad_batches=accumulate,
+        callbacks=callbacks, num_sanity_val_steps=0, accumulate_grad_batches=accumulate, gradient_clip_val=clip,
     )  # fmt: skip
     trainer.fit(module, _loader(data_parallel), _loader(data_parallel))
     after: dict[str, Any] = {}
@@ -179,6 +184,16 @@ def test_accumulated_batches_run_as_one_schedule_call_and_train_like_the_trainer
     assert len(expected) == 3
     for result in results:
         assert result["losses"] == pytest.approx(expected, abs=LOSS_TOLERANCE)
+
+
+@pytest.mark.timeout(240)
+def test_clipping_takes_the_norm_over_every_stage_s_gradients(workers, tmp_path):
+    results = workers.run(_fit, str(tmp_path), {"pipeline_schedule": "1f1b", "micro_batches": 2}, clip=0.05)
+    clipped, _ = single_process_losses(clip=0.05)
+    unclipped, _ = single_process_losses()
+    assert abs(clipped[-1] - unclipped[-1]) > 1e-3  # the clip bites
+    for result in results:
+        assert result["losses"] == pytest.approx(clipped, abs=LOSS_TOLERANCE)
 
 
 def test_each_rank_holds_only_its_stage_under_the_whole_model_s_names(one_f_one_b):
