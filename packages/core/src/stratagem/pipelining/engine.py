@@ -54,8 +54,9 @@ class PipelineEngine:
         losses: list[torch.Tensor] = []
         # Every rank passes the whole batch: the first stage reads the inputs, the last the target, others neither.
         schedule.step(*inputs, target=target, losses=losses)
-        mean = torch.stack(losses).detach().mean() if losses else torch.zeros((), device=self.device)
-        return self._from_stage(self.num_stages - 1, mean)
+        # In float64 on every rank: the ranks without the last stage cannot know the loss's dtype (the precision's).
+        mean = torch.stack(losses).detach().double().mean() if losses else torch.zeros((), device=self.device)
+        return self._from_stage(self.num_stages - 1, mean.double())
 
     def _make_schedule(self, loss: LossFunction, micro_batches: int) -> Any:
         from torch.distributed.pipelining import PipelineStage
