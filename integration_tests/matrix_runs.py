@@ -27,19 +27,25 @@ FIT_STEPS = 3
 
 
 class MatrixModule(stratagem.Module):
-    """Two linear layers with Adam, so that a checkpoint carries optimizer state worth moving."""
+    """Two linear layers with Adam, so that a checkpoint carries optimizer state worth moving; as a list of two
+    blocks with ``pipeline_loss``, so that the pipeline strategy can cut it into two stages."""
 
     def __init__(self) -> None:
         super().__init__()
         torch.manual_seed(0)
-        self.layers = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 2))
+        self.layers = nn.ModuleList([nn.Sequential(nn.Linear(8, 32), nn.ReLU()), nn.Linear(32, 2)])
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:
-        return self.layers(features)
+        for layer in self.layers:
+            features = layer(features)
+        return features
+
+    def pipeline_loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return functional.cross_entropy(logits, labels)
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         features, labels = batch
-        return functional.cross_entropy(self(features), labels)
+        return self.pipeline_loss(self(features), labels)
 
     def validation_step(self, batch: Any, batch_idx: int) -> None:
         features, labels = batch

@@ -6,9 +6,9 @@ from stratagem.mesh import MeshLayout
 
 
 def test_minus_one_and_auto_take_the_ranks_the_other_dimensions_leave():
-    assert MeshLayout(dp_shard=-1, tp=2).resolved(8).shape == (1, 4, 2)
-    assert MeshLayout(dp_replicate="auto", dp_shard=2, tp=2).resolved(8).shape == (2, 2, 2)
-    assert MeshLayout(dp_replicate=2, dp_shard=2, tp=1).resolved(4).shape == (2, 2, 1)
+    assert MeshLayout(dp_shard=-1, tp=2).resolved(8).shape == (1, 1, 4, 2)
+    assert MeshLayout(dp_replicate="auto", dp_shard=2, tp=2).resolved(8).shape == (1, 2, 2, 2)
+    assert MeshLayout(dp_replicate=2, dp_shard=2, tp=1).resolved(4).shape == (1, 2, 2, 1)
 
 
 def test_data_parallel_ranks_count_tensor_parallel_neighbours_once():
@@ -20,7 +20,7 @@ def test_data_parallel_ranks_count_tensor_parallel_neighbours_once():
 @pytest.mark.parametrize(
     ("sizes", "world_size", "message"),
     [
-        ({"dp_shard": 3, "tp": 2}, 4, r"\(dp_replicate=1, dp_shard=3, tp=2\).*multiply to 6, not to the 4 processes"),
+        ({"dp_shard": 3, "tp": 2}, 4, r"\(pp=1, dp_replicate=1, dp_shard=3, tp=2\).*multiply to 6, not to the 4"),
         ({"dp_shard": -1, "tp": 3}, 4, r"multiply to 3, which does not divide the 4 processes"),
     ],
 )
@@ -41,3 +41,18 @@ def test_a_layout_that_does_not_fill_the_world_names_its_sizes_and_what_fits(siz
 def test_invalid_sizes_are_refused_when_the_layout_is_made(sizes, message):
     with pytest.raises(ValueError, match=message):
         MeshLayout(**sizes)
+
+
+def test_pipeline_stages_are_outermost_and_data_parallel_ranks_repeat_in_every_stage():
+    layout = MeshLayout(pp=2, dp_shard=-1, tp=2).resolved(8)
+    assert layout.dim_names == ("pp", "dp_replicate", "dp_shard", "tp")
+    assert layout.shape == (2, 1, 2, 2)
+    assert [layout.pipeline_rank(rank) for rank in range(8)] == [0, 0, 0, 0, 1, 1, 1, 1]
+    assert [layout.data_parallel_rank(rank) for rank in range(8)] == [0, 0, 1, 1, 0, 0, 1, 1]
+
+
+def test_a_pipeline_that_does_not_fit_the_world_is_refused_naming_pp():
+    with pytest.raises(ValueError, match=r"\(pp=3, dp_replicate=1, dp_shard=-1, tp=1\).*does not divide the 4"):
+        MeshLayout(pp=3).resolved(4)
+    with pytest.raises(ValueError, match=r"pp=0 is not a valid mesh size"):
+        MeshLayout(pp=0)

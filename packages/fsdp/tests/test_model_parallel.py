@@ -270,10 +270,10 @@ def test_a_layout_that_cannot_fit_is_refused_in_the_calling_process_naming_the_s
 
 def test_lightning_spellings_and_defaults_give_the_same_layouts():
     by_name = stratagem.resolve(strategy="model_parallel", accelerator="cpu", devices=4)
-    assert by_name.mesh_layout.shape == (1, 1, 4)  # Lightning's "auto": tensor parallel within the node
+    assert by_name.mesh_layout.shape == (1, 1, 1, 4)  # Lightning's "auto": tensor parallel within the node
     lightning = ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=2)
     stratagem.resolve(strategy=lightning, accelerator="cpu", devices=4)
-    assert lightning.mesh_layout.shape == (1, 2, 2)
+    assert lightning.mesh_layout.shape == (1, 1, 2, 2)
     assert lightning.distributed_sampler_kwargs == {"num_replicas": 2, "rank": 0}
     full = ModelParallelStrategy(tp=2, save_distributed_checkpoint=False)
     assert full.state_dict_type == "full"

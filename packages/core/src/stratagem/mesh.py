@@ -1,10 +1,11 @@
-"""A named parallel layout: how a run's ranks are divided between data and tensor parallelism.
+"""A named parallel layout: how a run's ranks are divided between pipeline, data and tensor parallelism.
 
 A layout is checked in the calling process, against the run's world size, before any process
 starts (:meth:`MeshLayout.resolved`); every worker then builds it once as a torch ``DeviceMesh``
-(:meth:`MeshLayout.build`) with named dimensions, tensor parallelism innermost so that the ranks
-of one tensor-parallel group are neighbours (on one node where they can be):
+(:meth:`MeshLayout.build`) with named dimensions, pipeline stages outermost and tensor parallelism
+innermost so that the ranks of one tensor-parallel group are neighbours (on one node where they can be):
 
+- ``"pp"``: pipeline stages, each holding its own blocks of the model;
 - ``"dp_replicate"``: groups that hold whole copies and all-reduce gradients (HSDP's replicas);
 - ``"dp_shard"``: ranks that shard parameters, gradients and optimizer state (FSDP);
 - ``"tp"``: ranks that split each layer's tensors (tensor parallelism);
@@ -14,7 +15,7 @@ of one tensor-parallel group are neighbours (on one node where they can be):
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
@@ -31,9 +32,11 @@ DATA_PARALLEL = "dp"
 class MeshLayout:
     """The sizes of a run's parallel dimensions; their product is the world size (``devices x num_nodes``).
 
-    At most one dimension is ``-1`` (or ``"auto"``): it takes the ranks the others leave.
+    At most one dimension is ``-1`` (or ``"auto"``): it takes the ranks the others leave. ``pp`` is given by
+    keyword only, so that ``MeshLayout(dp_replicate, dp_shard, tp)`` keeps its meaning.
     """
 
+    pp: Degree = field(default=1, kw_only=True)
     dp_replicate: Degree = 1
     dp_shard: Degree = -1
     tp: Degree = 1
@@ -93,7 +96,11 @@ class MeshLayout:
 
     def data_parallel_rank(self, global_rank: int) -> int:
         """This rank's place among the data-parallel ranks: its coordinate on the flattened ``"dp"`` submesh."""
-        return global_rank // int(self.tp)
+        return global_rank // int(self.tp) % self.data_parallel_size
+
+    def pipeline_rank(self, global_rank: int) -> int:
+        """This rank's pipeline stage position: its coordinate on the ``"pp"`` submesh."""
+        return global_rank // (self.data_parallel_size * int(self.tp))
 
     def build(self, device_type: str) -> tuple[DeviceMesh, DeviceMesh]:
         """The layout as a ``DeviceMesh`` over the joined process group, and its flattened ``"dp"`` submesh.

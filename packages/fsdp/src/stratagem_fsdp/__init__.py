@@ -13,6 +13,7 @@ if TYPE_CHECKING:
     from stratagem_fsdp.async_checkpoint_io import AsyncDistributedCheckpointIO
     from stratagem_fsdp.checkpoint_io import DistributedCheckpointIO
     from stratagem_fsdp.model_parallel import ModelParallelStrategy
+    from stratagem_fsdp.pipeline import PipelineStrategy
     from stratagem_fsdp.strategy import FSDPStrategy
 
 __all__ = [
@@ -20,6 +21,7 @@ __all__ = [
     "DistributedCheckpointIO",
     "FSDPStrategy",
     "ModelParallelStrategy",
+    "PipelineStrategy",
     "__version__",
 ]
 
@@ -28,6 +30,7 @@ __getattr__, __dir__ = lazy_exports(
     {
         "FSDPStrategy": "stratagem_fsdp.strategy",
         "ModelParallelStrategy": "stratagem_fsdp.model_parallel",
+        "PipelineStrategy": "stratagem_fsdp.pipeline",
         "DistributedCheckpointIO": "stratagem_fsdp.checkpoint_io",
         "AsyncDistributedCheckpointIO": "stratagem_fsdp.async_checkpoint_io",
     },

@@ -30,6 +30,13 @@ def register_strategies(registry: Registry) -> None:
         "device mesh: dp_replicate x dp_shard x tp.",
         requires=_REQUIRES,
     )
+    registry.register(
+        "pipeline",
+        "stratagem_fsdp.pipeline:PipelineStrategy",
+        description="Pipeline parallel: the model cut into stages over pp ranks, trained by a torch schedule (gpipe, "
+        "1f1b, interleaved, zero bubble); each stage fully sharded over dp_shard. pp x dp_replicate x dp_shard.",
+        requires=_REQUIRES,
+    )
 
 
 def register_checkpoint_io(registry: Registry) -> None:

@@ -10,6 +10,7 @@ from torch import nn
 
 from stratagem.planning.footprint import model_footprint
 from stratagem.planning.resources import Resources, visible_resources
+from stratagem.strategies.capabilities import ChecksModuleBeforeLaunch
 from stratagem.strategies.memory import MemoryEstimate, ModelFootprint
 from stratagem.strategies.strategy import Strategy
 
@@ -121,7 +122,13 @@ def plan(
             footprint, notes = model_footprint(module, strategy.precision)
         if resources is None:
             resources = visible_resources(strategy.root_device)
-        candidate = judge(name, strategy, footprint, resources, num_nodes)
+        try:
+            # A strategy the module's structure cannot serve (a pipeline without blocks to cut) is no candidate.
+            if isinstance(strategy, ChecksModuleBeforeLaunch):
+                strategy.check_module(module, "fit")
+            candidate = judge(name, strategy, footprint, resources, num_nodes)
+        except (ValueError, TypeError) as error:
+            candidate = Candidate(name, problem=f"not usable for {type(module).__name__}: {error}")
         candidates.append(candidate)
         if first_fit and candidate.fits:
             break

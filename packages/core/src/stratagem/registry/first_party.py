@@ -55,7 +55,7 @@ PACKAGES: tuple[FirstPartyPackage, ...] = (
         extra="fsdp",
         distribution="stratagem-fsdp",
         names={
-            "strategy": ("fsdp", "fsdp_cpu_offload", "fsdp_spawn", "fsdp_fork", "model_parallel"),
+            "strategy": ("fsdp", "fsdp_cpu_offload", "fsdp_spawn", "fsdp_fork", "model_parallel", "pipeline"),
             "checkpoint IO": ("distributed_checkpoint", "async_distributed_checkpoint"),
         },
     ),

@@ -2,6 +2,7 @@
 
 from stratagem.strategies.capabilities import (
     BackwardSyncControl,
+    ChecksModuleBeforeLaunch,
     EngineSteps,
     FeedsBatchesToDevice,
     LoaderStage,
@@ -27,6 +28,7 @@ from stratagem.strategies.strategy import LoopSettings, ReduceOp, Strategy, Stra
 __all__ = [
     "BackwardSyncControl",
     "BlockPolicy",
+    "ChecksModuleBeforeLaunch",
     "CompileSettings",
     "EngineSteps",
     "FeedsBatchesToDevice",

@@ -125,6 +125,21 @@ class OwnsTrainingStep(ABC):
 LoaderStage = Literal["fit", "validate", "test", "predict"]
 
 
+class ChecksModuleBeforeLaunch(ABC):
+    """A strategy whose settings must fit the module's structure (a pipeline's split points, its blocks).
+
+    The Trainer calls :meth:`check_module` in the calling process when ``fit``/``validate``/``test``/``predict``
+    starts, after ``check_run`` and before any process starts, so that a setting the module cannot honour fails
+    there, naming it.
+    """
+
+    @abstractmethod
+    def check_module(self, module: Any, stage: LoaderStage) -> None:
+        """Raise ``ValueError``/``TypeError`` naming what in the strategy's settings ``module`` cannot honour for a
+        ``stage`` run. ``module`` is as the user passed it: what ``configure_model`` builds is not there yet, and
+        the strategy checks that part again in its ``setup_module``."""
+
+
 class RebuildsDataLoaders(ABC):
     """A strategy whose engine consumes data in its own form (several micro-batches combined per call,
     a device-side prefetcher): the Trainer hands it every dataloader of a pass, once, before the pass."""

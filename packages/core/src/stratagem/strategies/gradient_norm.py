@@ -9,6 +9,7 @@ compute it.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -48,12 +49,23 @@ def _total_norm(groups: list[list[torch.nn.Parameter]], norm_type: float) -> tor
 
 
 def clip_gradients_by_norm(
-    parameters: Sequence[torch.nn.Parameter], max_norm: float, norm_type: float = 2.0
+    parameters: Sequence[torch.nn.Parameter], max_norm: float, norm_type: float = 2.0, split_over: Any = None
 ) -> torch.Tensor:
     """Scale the gradients of ``parameters`` so that their total norm is at most ``max_norm``; return that norm
-    (a plain tensor, the same on every rank)."""
+    (a plain tensor, the same on every rank). ``split_over`` is a process group whose ranks each hold other
+    parameters of the model (pipeline stages): the norm is then the whole model's, combined over it."""
     groups = _placed_alike(parameters)
     norm = _total_norm(groups, norm_type)
+    if split_over is not None:
+        import torch.distributed as dist
+
+        if math.isinf(norm_type):
+            norm = norm.clone()
+            dist.all_reduce(norm, op=dist.ReduceOp.MAX, group=split_over)
+        else:
+            powered = norm.double() ** norm_type
+            dist.all_reduce(powered, group=split_over)
+            norm = (powered ** (1.0 / norm_type)).to(norm.dtype)
     # Scaled group by group too: one in-place multiply cannot take tensors on different meshes.
     for group in groups:
         torch.nn.utils.clip_grads_with_norm_(group, max_norm, norm)

@@ -24,7 +24,7 @@ from stratagem.loggers.csv_logger import CSVLogger
 from stratagem.loggers.logger import Logger
 from stratagem.module import Module
 from stratagem.planning.auto import AutoRequest, choice_for_workers, choose_strategy
-from stratagem.strategies import LoopSettings, Strategy
+from stratagem.strategies import ChecksModuleBeforeLaunch, LoopSettings, Strategy
 from stratagem.strategies.compilation import (
     CompileSettings,
     compile_submodules_in_place,
@@ -378,6 +378,8 @@ class Trainer:
             raise TypeError(f"weights_only={weights_only!r} is not valid; expected True or False.")
         planned = self._plan_strategy(module) if stage == "fit" and self._auto_request is not None else None
         self.strategy.check_run(stage)
+        if isinstance(self.strategy, ChecksModuleBeforeLaunch):
+            self.strategy.check_module(module, stage)
         checkpoint = resolve_ckpt_path(self, ckpt_path, stage)
         loaders = [as_loader_list(value, name) for value, name in zip(dataloaders, _ARGUMENT_NAMES[stage])]
         if self.settings.use_distributed_sampler and self.strategy.distributed_sampler_kwargs is not None:
