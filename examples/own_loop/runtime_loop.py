@@ -10,11 +10,11 @@ from stratagem.demo import DemoModule, make_classification
 
 def train(runtime, samples=2048, batch_size=32, seed=1234):
     torch.manual_seed(seed)
+    loader = runtime.setup_dataloaders(DataLoader(make_classification(samples), batch_size=batch_size))
     model = DemoModule()
     model.configure_model()
     optimizer = torch.optim.AdamW(model.parameters(), lr=model.learning_rate, weight_decay=0.01)
     model, optimizer = runtime.setup(model, optimizer)
-    loader = runtime.setup_dataloaders(DataLoader(make_classification(samples), batch_size=batch_size))
     scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=len(loader))
     losses = []
     for features, labels in loader:

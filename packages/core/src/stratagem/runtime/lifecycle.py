@@ -51,6 +51,10 @@ class StrategyLifecycle:
     def module_is_set_up(self) -> bool:
         return self._stage >= _Stage.MODULE_SET_UP
 
+    @property
+    def optimizers_are_set_up(self) -> bool:
+        return self._stage >= _Stage.OPTIMIZERS_SET_UP
+
     def start(self) -> None:
         """Prepare this process for the run (the strategy's ``setup_environment``)."""
         if self._stage != _Stage.NOT_STARTED:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Literal, TypeVar
 
@@ -78,7 +79,7 @@ class Runtime:
             )
         self.strategy = resolved
         self._lifecycle = StrategyLifecycle(resolved)
-        self._optimizers: list[Optimizer] = []
+        self._model: RuntimeModule | None = None
         self._calls: StepCalls | None = None
         self._skipping_sync = False
 
@@ -128,7 +129,7 @@ class Runtime:
         try:
             return function(self, *args, **kwargs)
         finally:
-            self._optimizers, self._calls, self._skipping_sync = [], None, False
+            self._model, self._calls, self._skipping_sync = None, None, False
             self._lifecycle.teardown()
 
     # -- setting up -------------------------------------------------------------------------------
@@ -160,7 +161,8 @@ class Runtime:
             raise TypeError(f"setup_module() takes an nn.Module; got {type(module).__name__}.")
         model = self._lifecycle.setup_module(module)
         self._calls = step_calls(self.strategy, "forward", None)
-        return RuntimeModule(model, self.strategy.module, self.strategy.precision)
+        self._model = RuntimeModule(model, self.strategy.module, self.strategy.precision)
+        return self._model
 
     def setup_optimizers(self, *optimizers: Optimizer) -> Any:
         """Hand the optimizers of the set-up module to the strategy; return them wrapped (one, or a tuple), so that
@@ -175,7 +177,9 @@ class Runtime:
                     f"setup_optimizers() takes torch optimizers not yet set up; got {type(optimizer).__name__}."
                 )
         adopted = self._lifecycle.setup_optimizers(list(optimizers))
-        self._optimizers = list(adopted)
+        if self._model is not None and self._model._forward_module is not self.strategy.model:
+            # An engine built around the module and its optimizers (DeepSpeed's) runs the forward from now on.
+            self._model.wrap_with(self.strategy.model)
         calls = step_calls(self.strategy, "forward", adopted[0] if len(adopted) == 1 else None)
         self._calls = calls
         step = calls.optimizer_step
@@ -195,9 +199,15 @@ class Runtime:
     ) -> Any:
         """Each loader re-created over this rank's share of the data (a ``DistributedSampler`` over the
         data-parallel ranks, every other setting kept; ``seed`` seeds its shuffle, as ``Trainer(seed=...)``
-        does), with batches moved to :attr:`device` and the precision's input dtype; one loader or a tuple."""
+        does), with batches moved to :attr:`device` and the precision's input dtype; one loader or a tuple.
+
+        The first loader's batch size is what the strategy is told the training batch is (as the Trainer tells
+        it): an engine that is built with the optimizers and sized by the batch (DeepSpeed's) needs this call
+        before :meth:`setup`, and refuses it after."""
         from stratagem.trainer.data import batch_feed, check_splittable, with_distributed_sampler
 
+        if loaders:
+            self._connect_train_batch_size(loaders[0])
         sampler_kwargs = self.strategy.distributed_sampler_kwargs if use_distributed_sampler else None
         prepared = []
         for loader in loaders:
@@ -214,6 +224,19 @@ class Runtime:
                 )
             )
         return prepared[0] if len(prepared) == 1 else tuple(prepared)
+
+    def _connect_train_batch_size(self, loader: Iterable[Any]) -> None:
+        size = getattr(loader, "batch_size", None)
+        settings = self.strategy.loop_settings
+        if not isinstance(size, int) or settings.train_batch_size is not None:
+            return
+        if self._lifecycle.optimizers_are_set_up and isinstance(self.strategy, OwnsAccumulation):
+            raise RuntimeError(
+                f"setup_dataloaders() came after setup_optimizers(), but {type(self.strategy).__name__}'s engine "
+                "accumulates and steps itself and was built with the optimizers before it knew the batch size "
+                f"({size}), which it is sized by. Call runtime.setup_dataloaders(...) before runtime.setup(...)."
+            )
+        self.strategy.connect_loop_settings(dataclasses.replace(settings, train_batch_size=size))
 
     # -- a training step --------------------------------------------------------------------------
 

@@ -23,10 +23,15 @@ class RuntimeModule(nn.Module):
 
     def __init__(self, model: nn.Module, module: nn.Module, precision: Precision) -> None:
         super().__init__()
-        self._forward_module = model
         # Not a registered child: it sits inside the wrapper already (or is the wrapper).
         self.__dict__["_original_module"] = module
         self.__dict__["_precision"] = precision
+        self.wrap_with(model)
+
+    def wrap_with(self, model: nn.Module) -> None:
+        """Call ``model`` from now on: the strategy's wrapper, which an engine built with the optimizers replaces."""
+        self._forward_module = model
+        precision = self.__dict__["_precision"]
         plain_inputs = _inherited(precision, "convert_input", Precision.convert_input)
         plain_forward = _inherited(precision, "forward_context", Precision.forward_context)
         # Decided once: fp32 neither casts inputs nor enters a context per call.
