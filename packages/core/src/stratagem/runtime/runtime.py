@@ -26,7 +26,7 @@ from stratagem.strategies import (
     StepBoundaryListener,
     Strategy,
 )
-from stratagem.strategies.step_calls import StepCalls, step_calls
+from stratagem.strategies.step_calls import StepCalls, batch_to_device_call, step_calls
 
 Result = TypeVar("Result")
 
@@ -219,7 +219,7 @@ class Runtime:
             prepared.append(
                 RuntimeDataLoader(
                     split,
-                    self.strategy.batch_to_device if move_to_device else None,
+                    batch_to_device_call(self.strategy) if move_to_device else None,
                     batch_feed(self.strategy) if move_to_device else None,
                 )
             )
