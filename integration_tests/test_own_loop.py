@@ -169,3 +169,23 @@ def test_fsdp_sharded_checkpoints_go_from_the_own_loop_to_the_trainer_and_back(w
     assert sharded, "fsdp saves a directory of shards by default"
     _assert_weights_close(own_resumed, trainer_resumed)
     _assert_weights_close(own_continued, trainer_continued)
+
+
+def _documented_loop_losses(runtime: stratagem.Runtime) -> list[float]:
+    return _documented_loop(runtime)[0]
+
+
+def _ddp_losses_in_the_pool() -> list[float]:
+    return _runtime("ddp").launch(_documented_loop_losses)
+
+
+@pytest.mark.timeout(180)
+def test_launch_forks_the_ranks_itself_and_returns_rank_zeros_result(workers):
+    sys.path[:0] = EXAMPLE_PATHS
+    try:
+        forked = stratagem.Runtime(strategy="ddp_fork", accelerator="cpu", devices=2).launch(_documented_loop_losses)
+    finally:
+        for path in EXAMPLE_PATHS:
+            sys.path.remove(path)
+    in_the_pool = workers.run(_ddp_losses_in_the_pool, timeout=120)
+    assert forked == in_the_pool[0]
