@@ -95,6 +95,39 @@ def test_the_documented_own_loop_trains_as_the_raw_loop_and_as_the_trainer_on_si
     _assert_close(own_weights, _weights(module))
 
 
+def _built_in_init_module(runtime):
+    torch.manual_seed(SEED)
+    loader = runtime.setup_dataloaders(_loader())
+    with runtime.init_module():
+        model = DemoModule()
+        model.configure_model()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=model.learning_rate, weight_decay=0.01)
+    model, optimizer = runtime.setup(model, optimizer)
+    scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=len(loader))
+    losses = []
+    for features, labels in loader:
+        loss = functional.cross_entropy(model(features), labels)
+        runtime.backward(loss)
+        optimizer.step()
+        optimizer.zero_grad()
+        scheduler.step()
+        losses.append(loss.item())
+    return losses, _weights(runtime.strategy.module)
+
+
+@pytest.mark.parametrize("precision", ["bf16-mixed", "16-mixed", "bf16-true"])
+def test_an_own_loop_trains_as_the_trainer_in_reduced_precision(precision):
+    # The loss is computed outside the module's forward: under autocast its outputs come back in fp32, so the loss
+    # computes as the Trainer's training_step does inside autocast. init_module builds as configure_model is built.
+    runtime = stratagem.Runtime(strategy="single_device", accelerator="cpu", devices=1, precision=precision)
+    own_losses, own_weights = runtime.launch(_built_in_init_module)
+    recorder = _RecordLosses()
+    module = DemoModule()
+    _trainer(max_steps=SAMPLES // BATCH, callbacks=[recorder], precision=precision).fit(module, _loader())
+    torch.testing.assert_close(torch.tensor(own_losses), torch.tensor(recorder.losses), rtol=0, atol=1e-5)
+    _assert_close(own_weights, _weights(module))
+
+
 def _own_loop_steps(runtime, checkpoint_in, checkpoint_out, first_batch, steps):
     """The demo's own loop resumed from ``checkpoint_in`` (when given) at ``first_batch`` for ``steps`` steps, saved
     to ``checkpoint_out`` as the Trainer's entries (module, optimizers, lr_schedulers)."""

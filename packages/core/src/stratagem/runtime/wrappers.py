@@ -15,7 +15,8 @@ from stratagem.precision import Precision
 
 class RuntimeModule(nn.Module):
     """The user's module as the strategy set it up; calling it runs the strategy's wrapper (DDP, the FSDP root,
-    an engine) under the precision's forward context, with floating-point inputs in the precision's dtype.
+    an engine) under the precision's forward context, with floating-point inputs in the precision's dtype, and
+    returns what the precision makes of the outputs for the loss computed outside it (fp32 under autocast).
 
     Attributes the module has are read from it (``model.config``, ``model.generate``); ``state_dict`` and
     ``load_state_dict`` are the module's own, with its own keys. :attr:`module` is the unwrapped module.
@@ -32,12 +33,12 @@ class RuntimeModule(nn.Module):
         """Call ``model`` from now on: the strategy's wrapper, which an engine built with the optimizers replaces."""
         self._forward_module = model
         precision = self.__dict__["_precision"]
-        plain_inputs = _inherited(precision, "convert_input", Precision.convert_input)
-        plain_forward = _inherited(precision, "forward_context", Precision.forward_context)
-        # Decided once: fp32 neither casts inputs nor enters a context per call.
-        self.__dict__["_call_wrapped"] = (
-            model.__call__ if plain_inputs and plain_forward else functools.partial(_precise_call, model, precision)
+        plain = all(
+            _inherited(precision, name, getattr(Precision, name))
+            for name in ("convert_input", "forward_context", "convert_output")
         )
+        # Decided once: fp32 neither casts nor enters a context per call.
+        self.__dict__["_call_wrapped"] = model.__call__ if plain else functools.partial(_precise_call, model, precision)
 
     @property
     def module(self) -> nn.Module:
@@ -65,7 +66,8 @@ class RuntimeModule(nn.Module):
 def _precise_call(model: nn.Module, precision: Precision, *args: Any, **kwargs: Any) -> Any:
     args, kwargs = precision.convert_input((args, kwargs))
     with precision.forward_context():
-        return model(*args, **kwargs)
+        output = model(*args, **kwargs)
+    return precision.convert_output(output)
 
 
 class RuntimeOptimizer:
