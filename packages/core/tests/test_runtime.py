@@ -17,7 +17,7 @@ from stratagem import Trainer
 from stratagem.callbacks import Callback
 from stratagem.demo import DemoModule, make_classification
 from stratagem.runtime import RuntimeOptimizer
-from stratagem.strategies import EngineSteps, OwnsTrainingStep, SingleDeviceStrategy
+from stratagem.strategies import EngineSteps, OwnsAccumulation, OwnsTrainingStep, SingleDeviceStrategy
 
 OWN_LOOP_EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "own_loop"
 SAMPLES, BATCH, SEED = 256, 32, 1234
@@ -288,6 +288,41 @@ class _WholeStepEngine(SingleDeviceStrategy, OwnsTrainingStep):
 
     def run_training_steps(self, batch, batch_idx) -> EngineSteps:
         raise AssertionError("never called")
+
+
+class _AccumulatingEngine(SingleDeviceStrategy, OwnsAccumulation):
+    def __init__(self) -> None:
+        super().__init__()
+        self.boundaries: list[bool] = []
+
+    def set_accumulation_boundary(self, is_boundary: bool) -> None:
+        self.boundaries.append(is_boundary)
+
+
+def _two_micro_batches_then_late_loaders(runtime):
+    loader = runtime.setup_dataloaders(DataLoader(make_classification(8), batch_size=4))
+    model = nn.Linear(32, 4)
+    model, optimizer = runtime.setup(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    for index, (features, labels) in enumerate(loader):
+        with runtime.no_backward_sync(model, enabled=index == 0):
+            runtime.backward(functional.cross_entropy(model(features), labels))
+    optimizer.step()
+    told = list(runtime.strategy.boundaries)
+    runtime.strategy.loop_settings = type(runtime.strategy.loop_settings)()  # as if no loader had been set up
+    try:
+        runtime.setup_dataloaders(DataLoader(make_classification(8), batch_size=4))
+    except RuntimeError as refused:
+        return told, runtime.strategy.loop_settings.train_batch_size, str(refused)
+    return told, None, "not refused"
+
+
+def test_an_engine_that_accumulates_is_told_each_window_and_the_batch_size_before_it_is_built():
+    runtime = stratagem.Runtime(strategy=_AccumulatingEngine(), accelerator="cpu", devices=1)
+    told, batch_size_after_reset, refusal = runtime.launch(_two_micro_batches_then_late_loaders)
+    # no_backward_sync(enabled=True): not a boundary, also at backward; the last micro-batch is one.
+    assert told == [False, True, True]
+    assert batch_size_after_reset is None
+    assert "Call runtime.setup_dataloaders(...) before runtime.setup(...)" in refusal
 
 
 def test_a_strategy_whose_engine_runs_whole_steps_is_refused_naming_why():
