@@ -7,7 +7,7 @@ order is a ``RuntimeError`` naming what must come first, so that neither driver 
     with module_init_context(empty_init):     build the module on the target device and dtype
         ...
     setup_module(module)                      user-compiled submodules made in-place; wrap; requested weights
-    setup_optimizers(optimizers)              adopt the optimizers made for the set-up module
+    setup_optimizers(optimizers, schedulers)  adopt the optimizers made for the set-up module, then their schedulers
     compile(settings)                         compile the wrapped module in place (optional)
     teardown()                                release what start() and setup acquired (always, also on error)
 """
@@ -15,7 +15,7 @@ order is a ``RuntimeError`` naming what must come first, so that neither driver 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from enum import IntEnum
 from typing import TYPE_CHECKING, Any
 
@@ -83,12 +83,15 @@ class StrategyLifecycle:
         self._stage = _Stage.MODULE_SET_UP
         return model
 
-    def setup_optimizers(self, optimizers: list[Optimizer]) -> list[Optimizer]:
-        """Hand the optimizers made for the set-up module to the strategy; return the ones to step."""
+    def setup_optimizers(self, optimizers: list[Optimizer], lr_schedulers: Sequence[Any] = ()) -> list[Optimizer]:
+        """Hand the optimizers made for the set-up module to the strategy, then the learning-rate schedulers made for
+        them (``check_lr_schedulers``: a strategy that steps them itself, or joins a swarm with them, does it there;
+        an own loop has made none yet); return the optimizers to step."""
         self._require(_Stage.MODULE_SET_UP, "setup_optimizers")
         if self._stage >= _Stage.OPTIMIZERS_SET_UP:
             raise RuntimeError("setup_optimizers was called twice in one run; pass every optimizer in one call.")
         adopted = self.strategy.setup_optimizers(optimizers)
+        self.strategy.check_lr_schedulers(list(lr_schedulers))
         self._stage = _Stage.OPTIMIZERS_SET_UP
         return adopted
 

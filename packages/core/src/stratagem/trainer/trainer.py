@@ -461,8 +461,8 @@ class Trainer:
                     raise ValueError(f"Trainer.fit() takes one training dataloader; got {len(train)}.")
                 self._connect_train_batch_size(train)
                 setup = configured_optimizers(module, strategy.supplies_optimizer)
-                self.optimizers = lifecycle.setup_optimizers(setup.optimizers)
-                strategy.check_lr_schedulers([config.scheduler for config in setup.schedulers])
+                schedulers = [config.scheduler for config in setup.schedulers]
+                self.optimizers = lifecycle.setup_optimizers(setup.optimizers, schedulers)
                 self.lr_scheduler_configs = setup.schedulers
             if compile_settings is not None:
                 lifecycle.compile(compile_settings)
