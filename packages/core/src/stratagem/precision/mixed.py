@@ -58,6 +58,17 @@ class MixedPrecision(Precision):
     def forward_context(self) -> contextlib.AbstractContextManager[Any]:
         return torch.autocast(self._device_type, dtype=self.dtype)
 
+    def convert_output(self, data: Any) -> Any:
+        # Losses and reductions run in fp32 under autocast; outside it they would run in the outputs' dtype.
+        from torch.utils._pytree import tree_map
+
+        def to_float32(value: Any) -> Any:
+            if isinstance(value, torch.Tensor) and value.dtype == self.dtype:
+                return value.float()
+            return value
+
+        return tree_map(to_float32, data)
+
     def backward(self, loss: torch.Tensor, backward: Callable[[torch.Tensor], None]) -> None:
         if self.scaler is None:
             backward(loss)

@@ -57,6 +57,11 @@ class Precision:
         """Context around every forward (training, validation, test, predict) step."""
         return contextlib.nullcontext()
 
+    def convert_output(self, data: Any) -> Any:
+        """Cast what a module's forward returned for code that runs outside :meth:`forward_context` (an own loop's
+        loss, see :class:`stratagem.Runtime`), so that it computes as it would inside the context."""
+        return data
+
     def backward(self, loss: torch.Tensor, backward: Callable[[torch.Tensor], None]) -> None:
         """Run ``backward(loss)``, scaling the loss first where this precision needs it."""
         backward(loss)

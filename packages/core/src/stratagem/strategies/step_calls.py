@@ -54,6 +54,12 @@ def step_calls(strategy: Strategy, step_name: str, backward_optimizer: Optimizer
     )
 
 
+def batch_to_device_call(strategy: Strategy) -> Callable[[Any], Any]:
+    """:meth:`Strategy.batch_to_device` in its direct form where the strategy and precision keep the base one;
+    needs no set-up module (a loader may be prepared before it)."""
+    return _batch_to_device(strategy, strategy.precision)
+
+
 def _batch_to_device(strategy: Strategy, precision: Precision) -> Callable[[Any], Any]:
     if _inherited(strategy, "batch_to_device", Strategy.batch_to_device) and _inherited(
         precision, "convert_input", Precision.convert_input

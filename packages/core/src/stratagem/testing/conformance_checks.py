@@ -29,7 +29,9 @@ from torch.utils.data import DataLoader, TensorDataset
 from stratagem import registry
 from stratagem.callbacks import Callback
 from stratagem.module import Module
-from stratagem.strategies import OwnsAccumulation, OwnsTrainingStep, Strategy
+from stratagem.runtime import Runtime
+from stratagem.strategies import OwnsAccumulation, OwnsTrainingStep, RebuildsDataLoaders, Strategy
+from stratagem.testing.own_loop_checks import own_loop
 from stratagem.trainer import Trainer
 
 FEATURES = 8
@@ -61,7 +63,7 @@ class ConformanceModule(Module):
         if self.net is None:
             # Different on every rank: only the strategy can make the ranks' weights agree.
             torch.manual_seed(SEED + self.global_rank)
-            self.net = nn.Sequential(nn.Linear(FEATURES, 16), nn.Tanh(), nn.Linear(16, 1))
+            self.net = build_net()
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:
         assert self.net is not None
@@ -79,6 +81,11 @@ class ConformanceModule(Module):
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.SGD(self.parameters(), lr=0.05)
+
+
+def build_net() -> nn.Module:
+    """The layers of :class:`ConformanceModule`, drawn from torch's current random state."""
+    return nn.Sequential(nn.Linear(FEATURES, 16), nn.Tanh(), nn.Linear(16, 1))
 
 
 def probe_collectives(strategy: Strategy) -> None:
@@ -270,6 +277,7 @@ def run_checks(settings: Settings, workdir: Path) -> dict[str, dict[str, Any]]:
 
     state: dict[str, Any] = {}
     fitted_dir, resumed_dir, accumulated_dir = workdir / "fit", workdir / "resumed", workdir / "accumulated"
+    own_loop_dir = workdir / "own_loop"
 
     def resolves() -> str:
         resolved = trainer().strategy
@@ -436,6 +444,7 @@ def run_checks(settings: Settings, workdir: Path) -> dict[str, dict[str, Any]]:
         raise_unless_ranks_agree(observer.records["end"], "After accumulating 2 batches per step")
         accumulated = loaded_into_single_device(checkpoint_path(accumulated_dir, windows))
         reference = single_device_fit(2 * BATCH_PER_RANK * settings.devices, max_steps=windows)
+        state["accumulation_reference"] = reference
         worst = _largest_difference(accumulated, reference)
         if worst > settings.tolerance:
             raise AssertionError(
@@ -446,6 +455,73 @@ def run_checks(settings: Settings, workdir: Path) -> dict[str, dict[str, Any]]:
         if state["owns_step"]:
             who = "the strategy's engine, which owns the whole step"
         return f"accumulated by {who}: largest difference {worst:.3g} (tolerance {settings.tolerance:g})"
+
+    def own_runtime() -> Runtime:
+        chosen: str | Strategy = settings.strategy
+        if settings.strategy_options:
+            chosen = registry.strategies.create(settings.strategy, **settings.strategy_options)
+        try:
+            return Runtime(
+                strategy=chosen,
+                accelerator=settings.accelerator,
+                devices=settings.devices,
+                precision=settings.precision,
+            )
+        except ValueError as refused:
+            if isinstance(trainer().strategy, OwnsTrainingStep | RebuildsDataLoaders):
+                raise CheckSkipped(f"Runtime refuses this strategy, as it must: {refused}") from None
+            raise
+
+    def own_loop_run(steps: int, accumulate: int = 1, **options: Any) -> dict[str, Any]:
+        arguments = {"resume_from": None, "resume_step": 0, "save_to": None, **options}
+        result: dict[str, Any] = own_runtime().launch(
+            own_loop, make_data(settings.devices, settings.steps), BATCH_PER_RANK, steps, accumulate, **arguments
+        )
+        if result["steps"] != steps:
+            raise AssertionError(f"the own loop made {result['steps']} optimizer steps of {steps}")
+        return result
+
+    def compared_with(reference: dict[str, torch.Tensor], own: dict[str, torch.Tensor], what: str) -> str:
+        if settings.tolerance is None:
+            return f"{what}: not compared (tolerance=None)"
+        worst = _largest_difference(own, reference)
+        if worst > settings.tolerance:
+            raise AssertionError(f"{what}: the weights differ by {worst:.3g} (tolerance {settings.tolerance:g})")
+        return f"{what}: largest difference {worst:.3g}"
+
+    def own_loop_trains_as_the_trainer() -> str:
+        path = own_loop_dir / "end.ckpt"
+        result = own_loop_run(steps, save_to=str(path))
+        agreement = raise_unless_ranks_agree(result["ranks"], f"After {steps} steps of an own loop")
+        live = result["ranks"]["whole"]
+        worst = _largest_difference(loaded_into_single_device(path), live)
+        if worst > weights_tolerance(live):
+            raise AssertionError(
+                f"Runtime.save's checkpoint, loaded into single_device, differs from the whole weights the own loop "
+                f"held by {worst:.3g}: a checkpoint must hold the global state, not one rank's."
+            )
+        return f"{compared_with(state['fitted'], live, 'own loop vs Trainer')}; {agreement}; its checkpoint is whole"
+
+    def own_loop_resumes_from_a_trainer_checkpoint() -> str:
+        if not settings.resume_steps:
+            raise CheckSkipped("resume_steps is empty: the Trainer saved no checkpoint to resume from")
+        step = settings.resume_steps[0]
+        result = own_loop_run(steps, resume_from=str(checkpoint_path(fitted_dir, step)), resume_step=step)
+        raise_unless_ranks_agree(result["ranks"], f"After resuming an own loop from the Trainer's step {step}")
+        return compared_with(state["fitted"], result["ranks"]["whole"], f"own loop resumed from step {step}")
+
+    def own_loop_accumulation_matches_single_device() -> str:
+        if settings.tolerance is None:
+            raise CheckSkipped("not compared with single_device: tolerance=None")
+        if steps % 2:
+            raise CheckSkipped(f"steps={steps} is odd: its batches do not make whole windows of 2")
+        windows = steps // 2
+        result = own_loop_run(windows, accumulate=2)
+        raise_unless_ranks_agree(result["ranks"], "After an own loop accumulated 2 batches per step")
+        if "accumulation_reference" not in state:
+            global_batch = 2 * BATCH_PER_RANK * settings.devices
+            state["accumulation_reference"] = single_device_fit(global_batch, max_steps=windows)
+        return compared_with(state["accumulation_reference"], result["ranks"]["whole"], "accumulated in an own loop")
 
     check("resolves", resolves)
     if passed("resolves"):
@@ -462,6 +538,9 @@ def run_checks(settings: Settings, workdir: Path) -> dict[str, dict[str, Any]]:
         for step in settings.resume_steps:
             check(resume_check_name(step), resume_continues_exactly(step))
         check("accumulation_matches_single_device", accumulation_matches_single_device)
+        check("own_loop_trains_as_the_trainer", own_loop_trains_as_the_trainer)
+        check("own_loop_resumes_from_a_trainer_checkpoint", own_loop_resumes_from_a_trainer_checkpoint)
+        check("own_loop_accumulation_matches_single_device", own_loop_accumulation_matches_single_device)
     run = state.get("trainer")
     is_global_zero = run is None or bool(run.is_global_zero)
     report["_meta"] = {"ok": True, "skipped": False, "detail": json.dumps({"is_global_zero": is_global_zero})}
@@ -482,6 +561,9 @@ def check_names(resume_steps: Sequence[int]) -> tuple[str, ...]:
         "matches_single_device",
         *(resume_check_name(step) for step in resume_steps),
         "accumulation_matches_single_device",
+        "own_loop_trains_as_the_trainer",
+        "own_loop_resumes_from_a_trainer_checkpoint",
+        "own_loop_accumulation_matches_single_device",
     )
 
 

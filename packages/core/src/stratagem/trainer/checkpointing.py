@@ -17,7 +17,6 @@ from stratagem.trainer.rng import capture_rng_state
 
 if TYPE_CHECKING:
     from stratagem.module import Module
-    from stratagem.strategies import Strategy
     from stratagem.trainer.trainer import Trainer
 
 FORMAT_VERSION = 1
@@ -32,16 +31,6 @@ def stratagem_version() -> str:
         return version("stratagem")
     except PackageNotFoundError:
         return "unknown"
-
-
-def load_requested_weights(strategy: Strategy, module: Module) -> None:
-    """Load what ``module.load_pretrained`` asked for into the module the strategy has just set up, once."""
-    from stratagem.checkpoint_io.safetensors_import import SafetensorsWeights
-
-    requests = module.__dict__.pop("_pretrained_requests", [])
-    for request in requests:
-        with SafetensorsWeights(request.directory) as weights:
-            strategy.load_pretrained(request.target, weights)
 
 
 def build_checkpoint(trainer: Trainer, module: Module) -> dict[str, Any]:

@@ -24,17 +24,12 @@ from stratagem.loggers.csv_logger import CSVLogger
 from stratagem.loggers.logger import Logger
 from stratagem.module import Module
 from stratagem.planning.auto import AutoRequest, choice_for_workers, choose_strategy
+from stratagem.runtime.lifecycle import StrategyLifecycle
 from stratagem.strategies import ChecksModuleBeforeLaunch, LoopSettings, Strategy
-from stratagem.strategies.compilation import (
-    CompileSettings,
-    compile_submodules_in_place,
-    parse_compile_option,
-    unwrap_compiled,
-)
+from stratagem.strategies.compilation import CompileSettings, parse_compile_option, unwrap_compiled
 from stratagem.trainer.agreement import agree_on_checkpoint, check_checkpoint_directories_shared
 from stratagem.trainer.checkpointing import (
     build_checkpoint,
-    load_requested_weights,
     resolve_ckpt_path,
     restore_fit,
     restore_weights,
@@ -438,6 +433,8 @@ class Trainer:
         compile_settings: CompileSettings | None,
     ) -> WorkerOutput:
         strategy = self.strategy
+        # The order of the strategy's calls is the lifecycle's, shared with Runtime (a user's own loop).
+        lifecycle = StrategyLifecycle(strategy)
         module._attach_run(self, self._context)
         self._module = module
         self._context.metrics.strategy = strategy
@@ -448,7 +445,7 @@ class Trainer:
         try:
             if returns_to_caller:
                 _make_tensors_private(module)
-            strategy.setup_environment()
+            lifecycle.start()
             checkpoint = agree_on_checkpoint(self, checkpoint)
             if self.settings.deterministic:
                 torch.use_deterministic_algorithms(True)
@@ -456,11 +453,9 @@ class Trainer:
                 seed_everything(self.settings.seed, workers=worker_seeding_requested())
             # Without a checkpoint the strategy decides how to create initialised weights (None, not False):
             # sharded strategies build on the meta device and initialise each rank's shards.
-            with strategy.module_init_context(empty_init=True if checkpoint is not None else None):
+            with lifecycle.module_init_context(empty_init=True if checkpoint is not None else None):
                 module.configure_model()
-            compile_submodules_in_place(module)
-            strategy.setup_module(module)
-            load_requested_weights(strategy, module)
+            lifecycle.setup_module(module)
             if stage == "fit":
                 # Before the optimizers: an engine built with them (DeepSpeed) is sized by the batch.
                 train = self._loaders(module, "fit", loaders[0], required=True)
@@ -468,11 +463,11 @@ class Trainer:
                     raise ValueError(f"Trainer.fit() takes one training dataloader; got {len(train)}.")
                 self._connect_train_batch_size(train)
                 setup = configured_optimizers(module, strategy.supplies_optimizer)
-                self.optimizers = strategy.setup_optimizers(setup.optimizers)
-                strategy.check_lr_schedulers([config.scheduler for config in setup.schedulers])
+                schedulers = [config.scheduler for config in setup.schedulers]
+                self.optimizers = lifecycle.setup_optimizers(setup.optimizers, schedulers)
                 self.lr_scheduler_configs = setup.schedulers
             if compile_settings is not None:
-                strategy.compile_module(compile_settings)
+                lifecycle.compile(compile_settings)
             self._context.hooks.call("setup", self, module, stage)
             if stage == "fit" and not self.settings.fast_dev_run:
                 check_checkpoint_directories_shared(self)
@@ -504,7 +499,7 @@ class Trainer:
                     for logger in self.loggers:
                         logger.finalize(status)
             finally:
-                strategy.teardown()
+                lifecycle.teardown()
                 torch.use_deterministic_algorithms(deterministic_before)
 
     def _fit(

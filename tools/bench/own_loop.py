@@ -1,0 +1,233 @@
+"""Own-loop overhead: stratagem.Runtime against the same hand-written loop in raw PyTorch (single_device, ddp, fsdp).
+
+    python tools/bench/run.py own_loop [--strategies single_device,ddp,fsdp] [--workload mlp|wide|all]
+                                       [--rounds 5] [--json out.json]
+
+Each contender trains the same model on the same data with the same optimizer (Adam), batch size per process
+as the workload says:
+
+- ``raw``: the loop as PyTorch users write it: the module as it is (single_device), wrapped in
+  ``DistributedDataParallel`` (ddp), or ``fully_shard``-ed (fsdp), each rank reading its ``DistributedSampler``
+  share; ``loss.backward()``, ``optimizer.step()``, ``optimizer.zero_grad()``;
+- ``runtime``: the same loop converted as docs/own-loop.md says (``runtime.setup``, ``setup_dataloaders``,
+  ``runtime.backward``), with ``stratagem.Runtime(strategy=...)``.
+
+The two strategies with two ranks run in one pair of worker processes joined in a gloo group (the ranks torchrun
+would start), single_device in one of them; rounds alternate the order of the contenders after a warm-up round
+that is not counted. Steps/s are measured over the training loop on rank 0 (first batch to last optimizer step),
+by the wall clock and by that process's CPU time; the ratio is the median over rounds of runtime/raw within a
+round. Target: ``runtime`` at least 0.99x raw. Numbers on a machine shared with other jobs are noisy: compare
+ratios from one run, and the CPU-time ratio beside the wall-clock one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+BENCH_DIR = Path(__file__).resolve().parent
+sys.path[:] = [entry for entry in sys.path if Path(entry or ".").resolve() != BENCH_DIR]
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+from torch import nn  # noqa: E402
+from torch.nn import functional  # noqa: E402
+from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
+from torch.utils.data.distributed import DistributedSampler  # noqa: E402
+
+from stratagem.environments.local import find_free_port  # noqa: E402
+
+TARGET = 0.99
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    description: str
+    width: int
+    depth: int
+    batch_size: int
+    steps: int
+
+
+WORKLOADS = {
+    "mlp": Workload("mlp", "tiny MLP 32-64-64-2, batch 32", 64, 2, 32, 600),
+    "wide": Workload("wide", "MLP 32-1024x4-2, batch 64", 1024, 4, 64, 150),
+}
+
+
+def _model(workload: Workload) -> nn.Module:
+    layers: list[nn.Module] = [nn.Linear(32, workload.width), nn.ReLU()]
+    for _ in range(workload.depth - 1):
+        layers += [nn.Linear(workload.width, workload.width), nn.ReLU()]
+    return nn.Sequential(*layers, nn.Linear(workload.width, 2))
+
+
+def _data(workload: Workload, world_size: int) -> TensorDataset:
+    generator = torch.Generator().manual_seed(0)
+    features = torch.randn(workload.batch_size * workload.steps * world_size, 32, generator=generator)
+    return TensorDataset(features, (features[:, 0] > 0).long())
+
+
+def _timed_loop(model: Any, optimizer: Any, loader: Any, backward: Any) -> tuple[float, float]:
+    wall, cpu = time.perf_counter(), time.process_time()
+    steps = 0
+    for features, labels in loader:
+        loss = functional.cross_entropy(model(features), labels)
+        backward(loss)
+        optimizer.step()
+        optimizer.zero_grad()
+        steps += 1
+    return steps / (time.perf_counter() - wall), steps / (time.process_time() - cpu)
+
+
+def _raw(strategy: str, workload: Workload) -> tuple[float, float]:
+    torch.manual_seed(0)
+    model = _model(workload)
+    data = _data(workload, 1 if strategy == "single_device" else dist.get_world_size())
+    if strategy == "single_device":
+        loader = DataLoader(data, batch_size=workload.batch_size)
+    else:
+        loader = DataLoader(data, batch_size=workload.batch_size, sampler=DistributedSampler(data, shuffle=False))
+    if strategy == "ddp":
+        model = nn.parallel.DistributedDataParallel(model)
+    elif strategy == "fsdp":
+        from torch.distributed.fsdp import fully_shard
+
+        for layer in model:
+            if isinstance(layer, nn.Linear):
+                fully_shard(layer)
+        fully_shard(model, reshard_after_forward=False)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    return _timed_loop(model, optimizer, loader, torch.Tensor.backward)
+
+
+def _runtime_loop(runtime: Any, workload: Workload) -> tuple[float, float]:
+    torch.manual_seed(0)
+    loader = runtime.setup_dataloaders(DataLoader(_data(workload, runtime.world_size), batch_size=workload.batch_size))
+    model = _model(workload)
+    model, optimizer = runtime.setup(model, torch.optim.Adam(model.parameters(), lr=1e-3))
+    return _timed_loop(model, optimizer, loader, runtime.backward)
+
+
+def _runtime(strategy: str, workload: Workload) -> tuple[float, float]:
+    import stratagem
+
+    options: dict[str, Any] = {"accelerator": "cpu", "devices": 1 if strategy == "single_device" else 2}
+    if strategy == "fsdp":
+        from stratagem_fsdp import FSDPStrategy
+
+        # The raw loop's units: each Linear its own.
+        options["strategy"] = FSDPStrategy(auto_wrap_policy={nn.Linear})
+    else:
+        options["strategy"] = strategy
+    return stratagem.Runtime(**options).launch(_runtime_loop, workload)
+
+
+def _measure(strategy: str, workload: Workload, rounds: int) -> dict[str, Any] | None:
+    """Run in both worker processes; rank 0 returns the result. single_device runs on rank 0 while rank 1 waits."""
+    samples: dict[str, list[tuple[float, float]]] = {"raw": [], "runtime": []}
+    runs_here = strategy != "single_device" or dist.get_rank() == 0
+    for round_index in range(rounds + 1):
+        order = ["raw", "runtime"] if round_index % 2 == 0 else ["runtime", "raw"]
+        for name in order:
+            if runs_here:
+                rates = (_raw if name == "raw" else _runtime)(strategy, workload)
+                if round_index > 0:  # the first round warms up
+                    samples[name].append(rates)
+    dist.barrier()
+    if dist.get_rank() != 0:
+        return None
+
+    def ratio(index: int) -> float:
+        return statistics.median(own[index] / raw[index] for own, raw in zip(samples["runtime"], samples["raw"]))
+
+    return {
+        "strategy": strategy,
+        "workload": workload.name,
+        "raw_steps_per_second": statistics.median(sample[0] for sample in samples["raw"]),
+        "runtime_steps_per_second": statistics.median(sample[0] for sample in samples["runtime"]),
+        "ratio": ratio(0),
+        "cpu_ratio": ratio(1),
+    }
+
+
+def _worker(strategies: list[str], workloads: list[Workload], rounds: int, out: Path) -> None:
+    """One of the two ranks (started by :func:`main` as torchrun would start it)."""
+    dist.init_process_group("gloo")
+    try:
+        results = [_measure(strategy, workload, rounds) for workload in workloads for strategy in strategies]
+        if dist.get_rank() == 0:
+            out.write_text(json.dumps(results))
+    finally:
+        dist.destroy_process_group()
+
+
+def report(results: list[dict[str, Any]]) -> str:
+    lines = [f"  {'strategy':<14} {'workload':<6} {'raw steps/s':>12} {'runtime':>9} {'x raw':>7} {'x raw (CPU)':>12}"]
+    for result in results:
+        lines.append(
+            f"  {result['strategy']:<14} {result['workload']:<6} {result['raw_steps_per_second']:>12.1f} "
+            f"{result['runtime_steps_per_second']:>9.1f} {result['ratio']:>7.3f} {result['cpu_ratio']:>12.3f}"
+            f"  {'ok' if result['ratio'] >= TARGET else f'below {TARGET}'}"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python tools/bench/run.py own_loop", description=__doc__.splitlines()[0])
+    parser.add_argument("--strategies", default="single_device,ddp,fsdp")
+    parser.add_argument("--workload", default="all", choices=[*WORKLOADS, "all"])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args(argv)
+    strategies = [name for name in args.strategies.split(",") if name]
+    unknown = [name for name in strategies if name not in ("single_device", "ddp", "fsdp")]
+    if unknown:
+        parser.error(f"--strategies: {unknown} are not measured here; choose from single_device, ddp, fsdp")
+    with tempfile.TemporaryDirectory() as directory:
+        out = Path(directory) / "results.json"
+        port = str(find_free_port())
+        ranks = []
+        for rank in range(2):
+            environment = {
+                **os.environ,
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": port,
+                "RANK": str(rank),
+                "LOCAL_RANK": str(rank),
+                "WORLD_SIZE": "2",
+                "LOCAL_WORLD_SIZE": "2",
+                "GROUP_RANK": "0",
+                "TORCHELASTIC_RUN_ID": "stratagem-bench-own-loop",
+                "OMP_NUM_THREADS": "1",
+            }
+            command = [sys.executable, __file__, args.strategies, args.workload, str(args.rounds), str(out)]
+            ranks.append(subprocess.Popen(command, env=environment))
+        codes = [process.wait() for process in ranks]
+        if any(codes):
+            print(f"own_loop: the worker processes exited with {codes}", file=sys.stderr)
+            return 1
+        results = json.loads(out.read_text())
+    print(report(results))
+    if args.json is not None:
+        args.json.write_text(json.dumps(results, indent=2))
+    return 0
+
+
+def _chosen_workloads(name: str) -> list[Workload]:
+    return list(WORKLOADS.values()) if name == "all" else [WORKLOADS[name]]
+
+
+if __name__ == "__main__":
+    # A worker rank: strategies, workload, rounds, output file.
+    _worker(sys.argv[1].split(","), _chosen_workloads(sys.argv[2]), int(sys.argv[3]), Path(sys.argv[4]))
