@@ -18,6 +18,7 @@ import torch.distributed as dist
 
 from stratagem.environments._variables import seconds_variable
 from stratagem.launchers.rendezvous import port_in_use_message
+from stratagem.strategies._heartbeat import BEAT_SECONDS, SILENCE_SECONDS, Beat, Heartbeat, read_beat
 
 JOIN_TIMEOUT_VARIABLE = "STRATAGEM_JOIN_TIMEOUT"
 DEFAULT_JOIN_TIMEOUT_SECONDS = 120.0
@@ -273,19 +274,26 @@ def _wait_until_reachable(address: str, port: int, rank: int, deadline: float, w
 
 
 class ArrivalLog:
-    """Where each rank last entered a collective, kept in the rendezvous store, so that a rank whose
-    collective timed out can name the ranks that never arrived.
+    """Where each rank last entered a collective, kept in the rendezvous store with each rank's heartbeat, so
+    that a rank whose collective timed out can name the ranks that never arrived, and say which of them were
+    lost and which are alive elsewhere.
 
     Every rank counts the collectives it enters through :meth:`enter`; correct programs enter the
     same collectives in the same order, so a rank whose count is behind did not arrive.
     """
 
-    def __init__(self, store: dist.Store, rank: int, world_size: int) -> None:
+    def __init__(self, store: dist.Store, rank: int, world_size: int, timeout: timedelta) -> None:
         self.store = store
+        self.timeout = timeout
+        """The store's timeout (the collectives'), which :meth:`absent` shortens while it reads."""
         self.rank = rank
         self.world_size = world_size
         self.count = 0
         self.description = ""
+        self.batches = 0
+        """Training batches this rank checked with every other rank (:meth:`batch_checked`)."""
+        self._heartbeat = Heartbeat(store, rank, lambda: self.batches)
+        self._lost_ranks: set[int] = set()
 
     def enter(self, description: str) -> None:
         """Record that this rank enters its next collective."""
@@ -297,28 +305,69 @@ class ArrivalLog:
             # The log only explains a failure; the collective itself reports a store that went away.
             pass
 
-    def absent(self) -> str:
-        """Which ranks had not entered this rank's current collective, in sentences ("" if unknown)."""
+    def batch_checked(self) -> None:
+        """Record that every rank exchanged the outcome of one more training batch with this one (no I/O: the
+        heartbeat carries it)."""
+        self.batches += 1
+
+    def close(self) -> None:
+        """Stop this rank's heartbeat (the run is over).
+
+        Rank 0 waits a moment for the others to stop theirs: the store it hosts closes with its run, and a beat
+        written to a closed store fills the writer's output with torch's warnings.
+        """
+        self._heartbeat.stop()
         try:
-            others = {other: self._entry(other) for other in range(self.world_size) if other != self.rank}
+            if self.rank != 0:
+                self.store.set(f"stopped/{self.rank}", "")
+            elif keys := [f"stopped/{other}" for other in range(1, self.world_size) if other not in self._lost_ranks]:
+                self.store.wait(keys, timedelta(seconds=2 * BEAT_SECONDS))
         except RuntimeError:
-            return ""
-        behind = {other: entry for other, entry in others.items() if entry[0] < self.count}
-        ahead = [other for other, (number, _) in others.items() if number > self.count]
+            pass  # a rank that failed, or a store already gone: nothing left to wait for
+
+    def absent(self) -> str:
+        """Which ranks had not entered this rank's current collective, lost or alive, in sentences."""
+        others = [other for other in range(self.world_size) if other != self.rank]
+        # Bounded: where the store's own host is gone, a read would wait for the whole collective timeout.
+        layers = [self.store, *([self.store.underlying_store] if isinstance(self.store, dist.PrefixStore) else [])]
+        try:
+            for layer in layers:
+                layer.set_timeout(timedelta(seconds=SILENCE_SECONDS))
+            before = {other: read_beat(self.store, other) for other in others}
+            after, silent = _watch_beats(self.store, before)
+            entries = {other: self._entry(other) for other in others}
+        except RuntimeError:
+            return (
+                "The rendezvous store did not answer either (it runs in rank 0, or in torchrun's agent on node 0, "
+                "at MASTER_ADDR): that process ended, or node 0 left the network."
+            )
+        finally:
+            for layer in layers:
+                layer.set_timeout(self.timeout)
+        lost = {other: beat for other, beat in after.items() if other in silent and beat is not None}
+        self._lost_ranks.update(lost)
+        parts = [self._lost(lost)] if lost else []
+        behind = {other: entry for other, entry in entries.items() if entry[0] < self.count and other not in lost}
+        ahead = [other for other, (number, _) in entries.items() if number > self.count and other not in lost]
         different = {
-            other: text for other, (number, text) in others.items() if number == self.count and text != self.description
+            other: text
+            for other, (number, text) in entries.items()
+            if number == self.count and text != self.description and other not in lost
         }
-        parts: list[str] = []
         if behind:
             details = "; ".join(
-                f"rank {other} " + (f"last entered #{number} {text}" if number else "had not entered any yet")
+                f"rank {other}{_on(after[other])} "
+                + (f"last entered #{number} {text}" if number else "had not entered any yet")
+                + _after_batches(after[other])
                 for other, (number, text) in sorted(behind.items())
             )
+            alive = ""
+            if all(after[other] for other in behind):
+                alive = " (alive: its heartbeat goes on)" if len(behind) == 1 else " (alive: their heartbeats go on)"
             parts.append(
-                f"{_ranks(sorted(behind)).capitalize()} never arrived at this collective (#{self.count} on this rank): "
-                f"{details}. (Only stratagem's own collectives are counted, not the gradient all-reduces inside DDP, "
-                "FSDP or DeepSpeed: a rank may have trained for many steps since. A rank whose node went away stops "
-                "where its own output ends.)"
+                f"{_ranks(sorted(behind)).capitalize()}{alive} never arrived at this collective (#{self.count} on "
+                f"this rank): {details}. (Only stratagem's own collectives are counted, not the gradient all-reduces "
+                "inside DDP, FSDP or DeepSpeed: a rank may have trained for many steps since.)"
             )
         if different:
             details = "; ".join(f"rank {other}: {text}" for other, text in sorted(different.items()))
@@ -329,12 +378,57 @@ class ArrivalLog:
             parts.append(f"{_ranks(sorted(ahead)).capitalize()} had gone past it, to a later collective.")
         return " ".join(parts) or "Every rank had entered this collective."
 
+    def _lost(self, lost: dict[int, Beat]) -> str:
+        one = len(lost) == 1
+        where = "; ".join(
+            f"{'' if one else f'rank {other} on '}host {beat.host}" for other, beat in sorted(lost.items())
+        )
+        text = (
+            f"{_ranks(sorted(lost)).capitalize()} ({where}) {'was' if one else 'were'} lost: "
+            f"{'its heartbeat' if one else 'their heartbeats'} stopped (none in the last {SILENCE_SECONDS:g} s), so "
+            f"{'its process' if one else 'their processes'} ended or {'its host' if one else 'their hosts'} left "
+            "the network."
+        )
+        if self.batches:
+            text += (
+                " That was during training: the last training batch every rank checked together was "
+                f"#{self.batches} of this run."
+            )
+        return text + f" {'Its' if one else 'Their'} own output, or the host's logs, say why."
+
     def _entry(self, other: int) -> tuple[int, str]:
         key = f"collective/{other}"
         if not self.store.check([key]):
             return 0, ""
         number, _, text = self.store.get(key).decode().partition("\n")
         return int(number), text
+
+
+def _watch_beats(store: dist.Store, before: dict[int, Beat | None]) -> tuple[dict[int, Beat | None], set[int]]:
+    """The ranks' beats after watching them for up to :data:`SILENCE_SECONDS`, and the ranks whose beat did not
+    change meanwhile. Watching ends as soon as every rank that beat before beat again: only a lost rank costs
+    the whole wait."""
+    deadline = time.monotonic() + SILENCE_SECONDS
+    while True:
+        after = {other: read_beat(store, other) for other in before}
+        silent = {
+            other
+            for other, beat in after.items()
+            if beat is not None and (earlier := before[other]) is not None and beat.sequence == earlier.sequence
+        }
+        if not silent or time.monotonic() >= deadline:
+            return after, silent
+        time.sleep(0.1)
+
+
+def _on(beat: Beat | None) -> str:
+    return "" if beat is None else f" (host {beat.host})"
+
+
+def _after_batches(beat: Beat | None) -> str:
+    if beat is None or not beat.batches:
+        return ""
+    return f" (its latest heartbeat counted {beat.batches} training batch{'' if beat.batches == 1 else 'es'} run)"
 
 
 def _ranks(ranks: Sequence[int]) -> str:
