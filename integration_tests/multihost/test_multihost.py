@@ -192,32 +192,38 @@ def test_a_host_whose_name_resolves_to_loopback_trains_over_the_interface_that_r
     assert_close(torch.load(tmp_path / "weights.pt"), single_device_weights)
 
 
-def test_a_host_lost_during_training_is_named_with_the_last_step_every_rank_completed_together(hosts, tmp_path):
-    # Its process stops at step 5, its link goes down and it is killed: no packet tells the other host, which
-    # waits until the collective timeout. The rank was then said to have never arrived, "last in #1 broadcast"
-    # from before training.
-    marker = tmp_path / "vanished"
+@pytest.mark.parametrize("how", ["vanished", "killed"])
+def test_a_host_lost_during_training_is_named_with_the_last_step_every_rank_completed_together(hosts, tmp_path, how):
+    # Its process stops at step 5, then it is killed: "vanished" takes its link down first, so that no packet tells
+    # the other host, which waits until the collective timeout; "killed" closes its connections, and the other
+    # host's collective fails at once. The rank was said to have never arrived, "last in #1 broadcast" from before
+    # training (vanished), or not named at all (killed).
+    marker = tmp_path / "stopped"
     arguments = ["--strategy", "ddp", "--steps", "10", "--collective-timeout", str(COLLECTIVE_TIMEOUT)]
     arguments += ["--vanish-at-step", "5", "--vanish-marker", str(marker)]
-    vanished_at = []
+    lost_at = []
 
     def take_the_second_host_away(processes: list[subprocess.Popen]) -> None:
         deadline = time.monotonic() + 120
         while not marker.exists() and time.monotonic() < deadline:
             time.sleep(0.1)
-        set_link(hosts[1], "down")
+        if how == "vanished":
+            set_link(hosts[1], "down")
         _kill(processes[1])
-        vanished_at.append(time.monotonic())
+        lost_at.append(time.monotonic())
 
     try:
         results = _run_on_hosts(hosts, tmp_path, [arguments] * 2, while_running=take_the_second_host_away)
     finally:
         set_link(hosts[1], "up")
     assert marker.exists()
-    assert time.monotonic() - vanished_at[0] < 2 * COLLECTIVE_TIMEOUT
+    assert time.monotonic() - lost_at[0] < 2 * COLLECTIVE_TIMEOUT
     code, output = results[0]
     assert code != 0
-    assert f"did not complete within timeout=0:00:{COLLECTIVE_TIMEOUT} on rank 0" in output
+    ending = f"did not complete within timeout=0:00:{COLLECTIVE_TIMEOUT}" if how == "vanished" else "failed"
+    assert (
+        f"The collective all_reduce (of the training step's outcome, after training_step) {ending} on rank 0" in output
+    )
     assert (
         f"Rank 1 (host {hosts[1].name}) was lost: its heartbeat stopped (none in the last 3.5 s), so its "
         "process ended or its host left the network. That was during training: the last training batch every rank "

@@ -33,6 +33,11 @@ _ADVICE = (
 )
 
 
+_STORE_GONE = (
+    "The rendezvous store did not answer either (it runs in rank 0, or in torchrun's agent on node 0, at "
+    "MASTER_ADDR): that process ended, or node 0 left the network."
+)
+
 _STORE_WENT_AWAY = (
     "the store went away while this rank waited for the others: the process hosting it (rank 0, or torchrun's "
     "agent) ended"
@@ -327,25 +332,10 @@ class ArrivalLog:
 
     def absent(self) -> str:
         """Which ranks had not entered this rank's current collective, lost or alive, in sentences."""
-        others = [other for other in range(self.world_size) if other != self.rank]
-        # Bounded: where the store's own host is gone, a read would wait for the whole collective timeout.
-        layers = [self.store, *([self.store.underlying_store] if isinstance(self.store, dist.PrefixStore) else [])]
         try:
-            for layer in layers:
-                layer.set_timeout(timedelta(seconds=SILENCE_SECONDS))
-            before = {other: read_beat(self.store, other) for other in others}
-            after, silent = _watch_beats(self.store, before)
-            entries = {other: self._entry(other) for other in others}
+            after, lost, entries = self._whereabouts(with_entries=True)
         except RuntimeError:
-            return (
-                "The rendezvous store did not answer either (it runs in rank 0, or in torchrun's agent on node 0, "
-                "at MASTER_ADDR): that process ended, or node 0 left the network."
-            )
-        finally:
-            for layer in layers:
-                layer.set_timeout(self.timeout)
-        lost = {other: beat for other, beat in after.items() if other in silent and beat is not None}
-        self._lost_ranks.update(lost)
+            return _STORE_GONE
         parts = [self._lost(lost)] if lost else []
         behind = {other: entry for other, entry in entries.items() if entry[0] < self.count and other not in lost}
         ahead = [other for other, (number, _) in entries.items() if number > self.count and other not in lost]
@@ -377,6 +367,33 @@ class ArrivalLog:
         if ahead:
             parts.append(f"{_ranks(sorted(ahead)).capitalize()} had gone past it, to a later collective.")
         return " ".join(parts) or "Every rank had entered this collective."
+
+    def lost(self) -> str:
+        """Which ranks were lost (their heartbeat stopped), in sentences ("" if none): why a collective failed."""
+        try:
+            _, lost, _ = self._whereabouts(with_entries=False)
+        except RuntimeError:
+            return _STORE_GONE
+        return self._lost(lost) if lost else ""
+
+    def _whereabouts(
+        self, with_entries: bool
+    ) -> tuple[dict[int, Beat | None], dict[int, Beat], dict[int, tuple[int, str]]]:
+        """The other ranks' beats, those lost among them, and (``with_entries``) their last collectives."""
+        others = [other for other in range(self.world_size) if other != self.rank]
+        # Bounded: where the store's own host is gone, a read would wait for the whole collective timeout.
+        layers = [self.store, *([self.store.underlying_store] if isinstance(self.store, dist.PrefixStore) else [])]
+        try:
+            for layer in layers:
+                layer.set_timeout(timedelta(seconds=SILENCE_SECONDS))
+            after, silent = _watch_beats(self.store, {other: read_beat(self.store, other) for other in others})
+            entries = {other: self._entry(other) for other in others} if with_entries else {}
+        finally:
+            for layer in layers:
+                layer.set_timeout(self.timeout)
+        lost = {other: beat for other, beat in after.items() if other in silent and beat is not None}
+        self._lost_ranks.update(lost)
+        return after, lost, entries
 
     def _lost(self, lost: dict[int, Beat]) -> str:
         one = len(lost) == 1

@@ -305,7 +305,8 @@ class ParallelStrategy(Strategy, ABC):
     @contextlib.contextmanager
     def collective(self, description: str) -> Iterator[None]:
         """Context around a collective: its failure or timeout is re-raised naming ``description`` and this
-        rank, and on a timeout the ranks that never arrived where the rendezvous store can tell."""
+        rank, the ranks that were lost, and on a timeout the ranks that never arrived, where the rendezvous
+        store can tell."""
         arrivals = self._arrivals if _distributed_ready() else None
         if arrivals is not None:
             arrivals.enter(description)
@@ -314,7 +315,11 @@ class ParallelStrategy(Strategy, ABC):
         except RuntimeError as error:
             timed_out = "timed out" in str(error).lower() or "timeout" in str(error).lower()
             what = f"did not complete within timeout={self.timeout}" if timed_out else "failed"
-            absent = f"\n{arrivals.absent()}" if timed_out and arrivals is not None else ""
+            absent = ""
+            if arrivals is not None:
+                # A timeout is explained by where the others are; a failure (a connection closed) by who is gone.
+                absent = arrivals.absent() if timed_out else arrivals.lost()
+                absent = f"\n{absent}" if absent else ""
             raise RuntimeError(
                 f"The collective {description} {what} on rank {self.global_rank}: {error}{absent}\n"
                 "A collective fails when another rank died, and times out when another rank never reached it "
