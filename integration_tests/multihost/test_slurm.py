@@ -68,7 +68,9 @@ def test_a_preempted_sbatch_job_saves_requeues_itself_and_ends_as_an_uninterrupt
     script = tmp_path / "train.sbatch"
     script.write_text(
         "#!/bin/bash\n"
-        f"#SBATCH --nodes=2 --ntasks-per-node=1 --requeue --open-mode=append --output={tmp_path}/slurm-%j.out\n"
+        # As README's script (--signal=USR1@90 is inert here: the partition has no time limit).
+        "#SBATCH --nodes=2 --ntasks-per-node=1 --requeue --signal=USR1@90 --open-mode=append\n"
+        f"#SBATCH --output={tmp_path}/slurm-%j.out\n"
         f"srun {shlex.join([*job_command, '--ckpt-path', 'last'])}\n"
     )
     job = slurm.run(["sbatch", "--parsable", str(script)]).stdout.strip()
