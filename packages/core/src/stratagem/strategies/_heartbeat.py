@@ -80,10 +80,13 @@ class Heartbeat:
             self._thread = None
 
 
-def read_beat(store: dist.Store, rank: int) -> Beat | None:
-    """``rank``'s latest beat in ``store``, or ``None`` when it has written none."""
-    key = f"alive/{rank}"
-    if not store.check([key]):
-        return None
-    sequence, batches, host = store.get(key).decode().split("\n", 2)
-    return Beat(int(sequence), int(batches), host)
+def read_beats(store: dist.Store, ranks: list[int], all_written: bool = False) -> dict[int, Beat | None]:
+    """The latest beat in ``store`` of each of ``ranks`` (``None`` for a rank that has written none), read in one
+    request once it is known which have written one (``all_written``: every one of ``ranks`` has)."""
+    written = ranks if all_written else [rank for rank in ranks if store.check([f"alive/{rank}"])]
+    beats: dict[int, Beat | None] = dict.fromkeys(ranks)
+    values = store.multi_get([f"alive/{rank}" for rank in written]) if written else []
+    for rank, value in zip(written, values):
+        sequence, batches, host = value.decode().split("\n", 2)
+        beats[rank] = Beat(int(sequence), int(batches), host)
+    return beats

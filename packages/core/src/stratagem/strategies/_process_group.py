@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 from stratagem.environments._variables import seconds_variable
 from stratagem.launchers.rendezvous import port_in_use_message
-from stratagem.strategies._heartbeat import BEAT_SECONDS, SILENCE_SECONDS, Beat, Heartbeat, read_beat
+from stratagem.strategies._heartbeat import BEAT_SECONDS, SILENCE_SECONDS, Beat, Heartbeat, read_beats
 
 JOIN_TIMEOUT_VARIABLE = "STRATAGEM_JOIN_TIMEOUT"
 DEFAULT_JOIN_TIMEOUT_SECONDS = 120.0
@@ -386,7 +386,7 @@ class ArrivalLog:
         try:
             for layer in layers:
                 layer.set_timeout(timedelta(seconds=SILENCE_SECONDS))
-            after, silent = _watch_beats(self.store, {other: read_beat(self.store, other) for other in others})
+            after, silent = _watch_beats(self.store, read_beats(self.store, others))
             entries = {other: self._entry(other) for other in others} if with_entries else {}
         finally:
             for layer in layers:
@@ -424,18 +424,22 @@ class ArrivalLog:
 def _watch_beats(store: dist.Store, before: dict[int, Beat | None]) -> tuple[dict[int, Beat | None], set[int]]:
     """The ranks' beats after watching them for up to :data:`SILENCE_SECONDS`, and the ranks whose beat did not
     change meanwhile. Watching ends as soon as every rank that beat before beat again: only a lost rank costs
-    the whole wait."""
+    the whole wait. Each look is one read of the store, twice a beat: every surviving rank of a large job
+    watches at once."""
+    beating = [other for other, beat in before.items() if beat is not None]
     deadline = time.monotonic() + SILENCE_SECONDS
     while True:
-        after = {other: read_beat(store, other) for other in before}
+        after = {**before, **read_beats(store, beating, all_written=True)}
         silent = {
             other
-            for other, beat in after.items()
-            if beat is not None and (earlier := before[other]) is not None and beat.sequence == earlier.sequence
+            for other in beating
+            if (beat := after[other]) is not None
+            and (earlier := before[other]) is not None
+            and beat.sequence == earlier.sequence
         }
         if not silent or time.monotonic() >= deadline:
             return after, silent
-        time.sleep(0.1)
+        time.sleep(BEAT_SECONDS / 2)
 
 
 def _on(beat: Beat | None) -> str:
