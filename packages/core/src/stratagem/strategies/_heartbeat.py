@@ -23,6 +23,8 @@ SILENCE_SECONDS = 3.5
 that a loaded machine delays for a beat or two is not taken for dead."""
 _STORE_TIMEOUT = timedelta(seconds=5)
 """Bounds each beat's write: a store that went away ends the beats instead of holding them."""
+_FAILURES_TO_STOP = 3
+"""Writes failing in a row (about 18 s without the store) after which the beats stop."""
 
 
 @dataclass(frozen=True)
@@ -60,16 +62,19 @@ class Heartbeat:
         self._thread.start()
 
     def _beat(self, store: dist.Store) -> None:
-        sequence = 1
+        sequence, failures = 1, 0
         while not self._stopped.wait(BEAT_SECONDS):
-            self._write(store, sequence)
+            failures = 0 if self._write(store, sequence) else failures + 1
+            if failures == _FAILURES_TO_STOP:
+                return  # the store is gone: each further write would only add torch's warning to the output
             sequence += 1
 
-    def _write(self, store: dist.Store, sequence: int) -> None:
+    def _write(self, store: dist.Store, sequence: int) -> bool:
         try:
             store.set(self._key, f"{sequence}\n{self._batches()}\n{self._host}")
         except RuntimeError:
-            pass  # the store is gone or slow: the run ends, or the next beat gets through
+            return False  # the store is gone (the run ends), or slow (the next beat gets through)
+        return True
 
     def stop(self) -> None:
         """End the beats. Waits for the thread: on rank 0 its connection shares the store's server, which
