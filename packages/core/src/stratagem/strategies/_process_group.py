@@ -7,11 +7,12 @@ separate and much shorter join timeout.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from datetime import timedelta
 
 import torch.distributed as dist
@@ -33,10 +34,12 @@ _ADVICE = (
 )
 
 
-_STORE_GONE = (
-    "The rendezvous store did not answer either (it runs in rank 0, or in torchrun's agent on node 0, at "
-    "MASTER_ADDR): that process ended, or node 0 left the network."
-)
+def _store_gone(error: RuntimeError) -> str:
+    return (
+        f"The rendezvous store did not answer either: {error}. It runs in rank 0, or in torchrun's agent on node 0, "
+        "at MASTER_ADDR: that process ended, or node 0 left the network."
+    )
+
 
 _STORE_WENT_AWAY = (
     "the store went away while this rank waited for the others: the process hosting it (rank 0, or torchrun's "
@@ -290,7 +293,7 @@ class ArrivalLog:
     def __init__(self, store: dist.Store, rank: int, world_size: int, timeout: timedelta) -> None:
         self.store = store
         self.timeout = timeout
-        """The store's timeout (the collectives'), which :meth:`absent` shortens while it reads."""
+        """The store's timeout (the collectives'), which this log shortens while it reads or writes."""
         self.rank = rank
         self.world_size = world_size
         self.count = 0
@@ -323,10 +326,11 @@ class ArrivalLog:
         """
         self._heartbeat.stop()
         try:
-            if self.rank != 0:
-                self.store.set(f"stopped/{self.rank}", "")
-            elif keys := [f"stopped/{other}" for other in range(1, self.world_size) if other not in self._lost_ranks]:
-                self.store.wait(keys, timedelta(seconds=2 * BEAT_SECONDS))
+            with self._store_bounded_by(timedelta(seconds=2 * BEAT_SECONDS)):
+                if self.rank != 0:
+                    self.store.set(f"stopped/{self.rank}", "")
+                elif keys := [f"stopped/{o}" for o in range(1, self.world_size) if o not in self._lost_ranks]:
+                    self.store.wait(keys)
         except RuntimeError:
             pass  # a rank that failed, or a store already gone: nothing left to wait for
 
@@ -334,8 +338,8 @@ class ArrivalLog:
         """Which ranks had not entered this rank's current collective, lost or alive, in sentences."""
         try:
             after, lost, entries = self._whereabouts(with_entries=True)
-        except RuntimeError:
-            return _STORE_GONE
+        except RuntimeError as error:
+            return _store_gone(error)
         parts = [self._lost(lost)] if lost else []
         behind = {other: entry for other, entry in entries.items() if entry[0] < self.count and other not in lost}
         ahead = [other for other, (number, _) in entries.items() if number > self.count and other not in lost]
@@ -372,8 +376,8 @@ class ArrivalLog:
         """Which ranks were lost (their heartbeat stopped), in sentences ("" if none): why a collective failed."""
         try:
             _, lost, _ = self._whereabouts(with_entries=False)
-        except RuntimeError:
-            return _STORE_GONE
+        except RuntimeError as error:
+            return _store_gone(error)
         return self._lost(lost) if lost else ""
 
     def _whereabouts(
@@ -381,19 +385,33 @@ class ArrivalLog:
     ) -> tuple[dict[int, Beat | None], dict[int, Beat], dict[int, tuple[int, str]]]:
         """The other ranks' beats, those lost among them, and (``with_entries``) their last collectives."""
         others = [other for other in range(self.world_size) if other != self.rank]
-        # Bounded: where the store's own host is gone, a read would wait for the whole collective timeout.
-        layers = [self.store, *([self.store.underlying_store] if isinstance(self.store, dist.PrefixStore) else [])]
-        try:
-            for layer in layers:
-                layer.set_timeout(timedelta(seconds=SILENCE_SECONDS))
+        with self._store_bounded_by(timedelta(seconds=SILENCE_SECONDS)):
             after, silent = _watch_beats(self.store, read_beats(self.store, others))
             entries = {other: self._entry(other) for other in others} if with_entries else {}
-        finally:
-            for layer in layers:
-                layer.set_timeout(self.timeout)
         lost = {other: beat for other, beat in after.items() if other in silent and beat is not None}
         self._lost_ranks.update(lost)
         return after, lost, entries
+
+    @contextlib.contextmanager
+    def _store_bounded_by(self, timeout: timedelta) -> Iterator[None]:
+        """The store's requests bounded by ``timeout`` instead of the collectives' timeout: where the store's
+        own host is gone, one would wait for all of that. Raises ``RuntimeError`` when the store's address does
+        not accept a connection within ``timeout``: a read (``check``) sent to a host that vanished waits for
+        TCP to give up, whatever the timeout, about a quarter of an hour."""
+        layers = [self.store, *([self.store.underlying_store] if isinstance(self.store, dist.PrefixStore) else [])]
+        if isinstance(layers[-1], dist.TCPStore):
+            address = (layers[-1].host, layers[-1].port)
+            try:
+                socket.create_connection(address, timeout=timeout.total_seconds()).close()
+            except OSError as error:
+                raise RuntimeError(f"the store at {address[0]}:{address[1]} did not answer ({error})") from error
+        try:
+            for layer in layers:
+                layer.set_timeout(timeout)
+            yield
+        finally:
+            for layer in layers:
+                layer.set_timeout(self.timeout)
 
     def _lost(self, lost: dict[int, Beat]) -> str:
         one = len(lost) == 1
