@@ -28,6 +28,7 @@ class Host:
     address: str
     hosts_file: Path
     namespace: str
+    interface: str = ""  # its end of the link to the other hosts
     mounts: dict[str, str] = field(default_factory=dict)  # mounted over (path inside) -> from (path outside)
 
     def command(self, argv: list[str], mounts: dict[str, str] | None = None) -> list[str]:
@@ -107,6 +108,7 @@ def create_hosts(directory: Path, count: int = 2, loopback_name: set[str] = froz
         first, second = hosts
         _run("ip", "link", "add", f"v{tag}a", "type", "veth", "peer", "name", f"v{tag}b")
         for host, interface in ((first, f"v{tag}a"), (second, f"v{tag}b")):
+            host.interface = interface
             _run("ip", "link", "set", interface, "netns", host.namespace)
             _run("ip", "-n", host.namespace, "addr", "add", f"{host.address}/24", "dev", interface)
             _run("ip", "-n", host.namespace, "link", "set", interface, "up")
@@ -114,6 +116,11 @@ def create_hosts(directory: Path, count: int = 2, loopback_name: set[str] = froz
         delete_hosts(hosts)
         raise
     return hosts
+
+
+def set_link(host: Host, state: str) -> None:
+    """Take ``host`` off the link to the other hosts (``"down"``: it vanishes, no packet answers) or back on."""
+    _run("ip", "-n", host.namespace, "link", "set", host.interface, state)
 
 
 def delete_hosts(hosts: list[Host]) -> None:

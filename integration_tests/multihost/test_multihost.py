@@ -16,9 +16,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from hosts import JOB, Host, assert_close
+from hosts import JOB, Host, assert_close, set_link
 
 JOIN_TIMEOUT = 30
+COLLECTIVE_TIMEOUT = 15  # the ranks end within 2x of it: a lost host costs 3.5 s of watching, then exiting
 pytestmark = pytest.mark.timeout(240)
 
 
@@ -130,15 +131,25 @@ def _private_checkpoints(hosts: list[Host], tmp_path: Path) -> tuple[Path, list[
     return shared_path, mounts
 
 
-def test_resuming_from_a_checkpoint_directory_the_hosts_do_not_share_fails_on_every_host_naming_the_host(
+def test_a_checkpoint_directory_the_hosts_do_not_share_names_the_holding_host_in_model_paths_and_fails_a_resume(
     hosts, tmp_path
 ):
     path, mounts = _private_checkpoints(hosts, tmp_path)
-    first = ["--strategy", "ddp", "--steps", "4", "--checkpoints", str(path)]
+    first = ["--strategy", "ddp", "--steps", "4", "--checkpoints", str(path), "--save-last"]
     results = _run_on_hosts(hosts, tmp_path, [first] * 2, mounts=mounts)
     _assert_succeeded(results)
     assert "is not one filesystem for every node" in results[0][1]
     assert f"host {hosts[1].name} (rank 1)" in results[0][1]
+    # On the second host, best_model_path and last_model_path once named files that exist on the first only.
+    ranks = [json.loads((tmp_path / f"paths-rank{rank}.json").read_text()) for rank in (0, 1)]
+    best, last, holder = f"{path}/epoch=0-step=4.ckpt", f"{path}/last.ckpt", hosts[0].name
+    assert ranks[0] == {"best_model_path": best, "last_model_path": last, "best_exists_here": True}
+    assert ranks[1] == {
+        "best_model_path": f"{holder}:{best}",
+        "last_model_path": f"{holder}:{last}",
+        "best_exists_here": False,
+    }
+    assert (tmp_path / f"checkpoints-on-{holder}" / "epoch=0-step=4.ckpt").is_file()
     resume = ["--strategy", "ddp", "--steps", "6", "--checkpoints", str(path), "--ckpt-path", "last"]
     started = time.monotonic()
     results = _run_on_hosts(hosts, tmp_path, [resume] * 2, mounts=mounts)
@@ -179,6 +190,46 @@ def test_a_host_whose_name_resolves_to_loopback_trains_over_the_interface_that_r
     for _, output in results:
         assert "(loopback), where the other nodes cannot reach gloo; it listens on v" in output
     assert_close(torch.load(tmp_path / "weights.pt"), single_device_weights)
+
+
+@pytest.mark.parametrize("how", ["vanished", "killed"])
+def test_a_host_lost_during_training_is_named_with_the_last_step_every_rank_completed_together(hosts, tmp_path, how):
+    # Its process stops at step 5, then it is killed: "vanished" takes its link down first, so that no packet tells
+    # the other host, which waits until the collective timeout; "killed" closes its connections, and the other
+    # host's collective fails at once. The rank was said to have never arrived, "last in #1 broadcast" from before
+    # training (vanished), or not named at all (killed).
+    marker = tmp_path / "stopped"
+    arguments = ["--strategy", "ddp", "--steps", "10", "--collective-timeout", str(COLLECTIVE_TIMEOUT)]
+    arguments += ["--vanish-at-step", "5", "--vanish-marker", str(marker)]
+    lost_at = []
+
+    def take_the_second_host_away(processes: list[subprocess.Popen]) -> None:
+        deadline = time.monotonic() + 120
+        while not marker.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if how == "vanished":
+            set_link(hosts[1], "down")
+        _kill(processes[1])
+        lost_at.append(time.monotonic())
+
+    try:
+        results = _run_on_hosts(hosts, tmp_path, [arguments] * 2, while_running=take_the_second_host_away)
+    finally:
+        set_link(hosts[1], "up")
+    assert marker.exists()
+    assert time.monotonic() - lost_at[0] < 2 * COLLECTIVE_TIMEOUT
+    code, output = results[0]
+    assert code != 0
+    ending = f"did not complete within timeout=0:00:{COLLECTIVE_TIMEOUT}" if how == "vanished" else "failed"
+    assert (
+        f"The collective all_reduce (of the training step's outcome, after training_step) {ending} on rank 0" in output
+    )
+    assert (
+        f"Rank 1 (host {hosts[1].name}) was lost: its heartbeat stopped (none in the last 3.5 s), so its "
+        "process ended or its host left the network. That was during training: the last training batch every rank "
+        "checked together was #5 of this run." in output
+    )
+    assert "never arrived" not in output
 
 
 def test_hosts_started_with_different_layouts_fail_at_once_naming_both(hosts, tmp_path):

@@ -32,12 +32,19 @@ def _job(out, *arguments: str) -> list[str]:
     return [sys.executable, str(JOB), "--out", str(out), *arguments]
 
 
-def test_srun_on_two_nodes_trains_once_as_one_device(slurm, tmp_path, single_device_weights):
-    result = slurm.run(["srun", "-N2", "--ntasks-per-node=1", *_job(tmp_path, "--devices", "1", "--num-nodes", "2")])
+@pytest.fixture(scope="module")
+def uninterrupted_on_two_nodes(slurm, tmp_path_factory):
+    """The job srun ran on both nodes, never interrupted: its output directory, and srun's result."""
+    out = tmp_path_factory.mktemp("uninterrupted")
+    return out, slurm.run(["srun", "-N2", "--ntasks-per-node=1", *_job(out, "--devices", "1", "--num-nodes", "2")])
+
+
+def test_srun_on_two_nodes_trains_once_as_one_device(uninterrupted_on_two_nodes, single_device_weights):
+    out, result = uninterrupted_on_two_nodes
     assert result.returncode == 0, result.stdout + result.stderr
-    assert (tmp_path / "runs.log").read_text().splitlines()[0].endswith("world size 2")
-    assert len((tmp_path / "runs.log").read_text().splitlines()) == 1
-    assert_close(torch.load(tmp_path / "weights.pt"), single_device_weights)
+    assert (out / "runs.log").read_text().splitlines()[0].endswith("world size 2")
+    assert len((out / "runs.log").read_text().splitlines()) == 1
+    assert_close(torch.load(out / "weights.pt"), single_device_weights)
 
 
 def test_srun_tasks_under_a_wrapper_shell_are_the_ranks_of_one_training(slurm, tmp_path, single_device_weights):
@@ -53,7 +60,7 @@ def test_srun_tasks_under_a_wrapper_shell_are_the_ranks_of_one_training(slurm, t
 
 
 def test_a_preempted_sbatch_job_saves_requeues_itself_and_ends_as_an_uninterrupted_run(
-    slurm, tmp_path, single_device_weights
+    slurm, tmp_path, single_device_weights, uninterrupted_on_two_nodes
 ):
     # USR1 here (SLURM's --signal=USR1@90); SIGTERM, preemption's signal, in test_multihost's hand-started run.
     signal_name = "USR1"
@@ -61,7 +68,9 @@ def test_a_preempted_sbatch_job_saves_requeues_itself_and_ends_as_an_uninterrupt
     script = tmp_path / "train.sbatch"
     script.write_text(
         "#!/bin/bash\n"
-        f"#SBATCH --nodes=2 --ntasks-per-node=1 --requeue --open-mode=append --output={tmp_path}/slurm-%j.out\n"
+        # As README's script (--signal=USR1@90 is inert here: the partition has no time limit).
+        "#SBATCH --nodes=2 --ntasks-per-node=1 --requeue --signal=USR1@90 --open-mode=append\n"
+        f"#SBATCH --output={tmp_path}/slurm-%j.out\n"
         f"srun {shlex.join([*job_command, '--ckpt-path', 'last'])}\n"
     )
     job = slurm.run(["sbatch", "--parsable", str(script)]).stdout.strip()
@@ -85,7 +94,11 @@ def test_a_preempted_sbatch_job_saves_requeues_itself_and_ends_as_an_uninterrupt
     report = json.loads((tmp_path / "result.json").read_text())
     assert report["global_step"] == 6
     assert f"preempted-step={report['started_at_step']}.ckpt" == preempted[0]
-    assert_close(torch.load(tmp_path / "weights.pt"), single_device_weights)
+    weights = torch.load(tmp_path / "weights.pt")
+    assert_close(weights, single_device_weights)
+    uninterrupted = torch.load(uninterrupted_on_two_nodes[0] / "weights.pt")
+    assert weights.keys() == uninterrupted.keys()
+    assert all(torch.equal(weights[name], uninterrupted[name]) for name in uninterrupted)  # bit for bit
     output = (tmp_path / f"slurm-{job}.out").read_text()
     assert f"SIG{signal_name}: saved " in output
     assert f"job {job} requeued" in output

@@ -3,6 +3,7 @@ until the 30-minute collective timeout; ranks that cannot meet fail within the j
 
 import os
 import re
+import socket
 import time
 import uuid
 from datetime import timedelta
@@ -371,7 +372,10 @@ def test_a_collective_timeout_names_the_rank_that_never_arrived(monkeypatch, stu
     assert caught.value.rank == waiting
     message = str(caught.value)
     assert f"The collective barrier 'after-epoch' did not complete within timeout=0:00:03 on rank {waiting}" in message
+    # Asleep, not gone: its heartbeat goes on, and the message says so.
     assert (
-        f"Rank {stuck_rank} never arrived at this collective (#2 on this rank): rank {stuck_rank} last entered #1 "
-        "barrier 'warm-up'. (Only stratagem's own collectives are counted" in message
+        f"Rank {stuck_rank} (alive: its heartbeat goes on) never arrived at this collective (#2 on this rank): rank "
+        f"{stuck_rank} (host {socket.gethostname()}) last entered #1 barrier 'warm-up'. (Only stratagem's own "
+        "collectives are counted" in message
     )
+    assert "lost" not in message

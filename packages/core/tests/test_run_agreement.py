@@ -7,6 +7,7 @@ working directories: each sees its own file there, as nodes with their own disks
 """
 
 import os
+import socket
 import warnings
 from pathlib import Path
 from types import SimpleNamespace
@@ -125,6 +126,28 @@ def test_a_checkpoint_directory_not_every_host_sees_is_a_warning_where_rank_0_wr
     assert (outcome_0, outcome_1) == ("passed", "passed")
     assert "exist on its node only" in warned_0
     assert warned_1 == ""
+
+
+def _model_paths_after_check_shared(root: str) -> tuple[str | None, str, str]:
+    _own_directory(root)
+    trainer = _trainer(dirpath="checkpoints")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        check_checkpoint_directories_shared(trainer)
+    (callback,) = trainer.checkpoint_callbacks
+    callback.best_model_path = "checkpoints/epoch=0-step=4.ckpt"  # as a save at step 4 records it on every rank
+    return callback.files_host, callback.best_model_path, callback.last_model_path
+
+
+def test_where_a_node_does_not_see_the_checkpoint_directory_its_model_paths_name_the_host_holding_them(
+    workers, tmp_path
+):
+    results = workers.run(_model_paths_after_check_shared, str(tmp_path / "paths"))
+    host = socket.gethostname()  # rank 0's: both ranks run here
+    assert results == [
+        (None, "checkpoints/epoch=0-step=4.ckpt", ""),
+        (host, f"{host}:checkpoints/epoch=0-step=4.ckpt", ""),
+    ]
 
 
 def test_a_checkpoint_directory_every_rank_sees_passes_silently(workers, tmp_path):

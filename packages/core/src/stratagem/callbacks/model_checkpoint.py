@@ -107,9 +107,12 @@ class ModelCheckpoint(Callback):
         if self.every_n_epochs is None and every_n_train_steps is None:
             self.every_n_epochs = 1
         self.best_k_models: dict[str, float] = {}
-        self.best_model_path = ""
+        self._best_model_path = ""
         self.best_model_score: float | None = None
-        self.last_model_path = ""
+        self._last_model_path = ""
+        self.files_host: str | None = None
+        """The host whose filesystem holds this callback's checkpoints, on a node that does not see ``dirpath``
+        (a directory the nodes do not share; found before training); ``None`` where they are on this node."""
         self._last_saved_step = -1
         # Which files are ours to delete: travels with this object to spawned workers and back
         # through state_dict, but a checkpoint's state restored into another instance brings none.
@@ -117,6 +120,29 @@ class ModelCheckpoint(Callback):
         self._written: set[str] = set()
         self._warned_of_names = False
         self._claims: list[str] = []
+
+    @property
+    def best_model_path(self) -> str:
+        """The best checkpoint so far ("" before the first). On a node that does not see ``dirpath`` it reads
+        ``host:path`` (as scp takes it), naming the host that holds the file (:attr:`files_host`)."""
+        return self._on_host(self._best_model_path)
+
+    @best_model_path.setter
+    def best_model_path(self, path: str) -> None:
+        self._best_model_path = path
+
+    @property
+    def last_model_path(self) -> str:
+        """The ``last`` checkpoint ("" before the first, or without ``save_last``); ``host:path`` like
+        :attr:`best_model_path` on a node that does not see ``dirpath``."""
+        return self._on_host(self._last_model_path)
+
+    @last_model_path.setter
+    def last_model_path(self, path: str) -> None:
+        self._last_model_path = path
+
+    def _on_host(self, path: str) -> str:
+        return f"{self.files_host}:{path}" if path and self.files_host is not None else path
 
     @property
     def state_key(self) -> str:
@@ -284,7 +310,7 @@ class ModelCheckpoint(Callback):
     def _last_target(self, plan: _SavePlan) -> str:
         """Where this run's ``last`` checkpoint goes: chosen at its first save and kept; the ``last`` of the run
         it resumed from (restored :attr:`last_model_path`) is carried on, another run's is never replaced."""
-        own = self.last_model_path
+        own = self._last_model_path
         if own in self._written:
             return own
         # What a checkpoint says is only trusted to name a `last` directly in this dirpath.
@@ -363,9 +389,9 @@ class ModelCheckpoint(Callback):
         return {
             "dirpath": str(self.dirpath) if self.dirpath is not None else None,
             "best_k_models": dict(self.best_k_models),
-            "best_model_path": self.best_model_path,
+            "best_model_path": self._best_model_path,
             "best_model_score": self.best_model_score,
-            "last_model_path": self.last_model_path,
+            "last_model_path": self._last_model_path,
             "last_saved_step": self._last_saved_step,
             "writer": self._writer,
             "written": sorted(self._written),

@@ -7,17 +7,19 @@ separate and much shorter join timeout.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from datetime import timedelta
 
 import torch.distributed as dist
 
 from stratagem.environments._variables import seconds_variable
 from stratagem.launchers.rendezvous import port_in_use_message
+from stratagem.strategies._heartbeat import BEAT_SECONDS, SILENCE_SECONDS, Beat, Heartbeat, read_beats
 
 JOIN_TIMEOUT_VARIABLE = "STRATAGEM_JOIN_TIMEOUT"
 DEFAULT_JOIN_TIMEOUT_SECONDS = 120.0
@@ -30,6 +32,13 @@ _ADVICE = (
     f"blocks the port. {JOIN_TIMEOUT_VARIABLE} (seconds, default {DEFAULT_JOIN_TIMEOUT_SECONDS:.0f}) sets how long "
     "ranks wait for each other to join."
 )
+
+
+def _store_gone(error: RuntimeError) -> str:
+    return (
+        f"The rendezvous store did not answer either: {error}. It runs in rank 0, or in torchrun's agent on node 0, "
+        "at MASTER_ADDR: that process ended, or node 0 left the network."
+    )
 
 
 _STORE_WENT_AWAY = (
@@ -273,19 +282,26 @@ def _wait_until_reachable(address: str, port: int, rank: int, deadline: float, w
 
 
 class ArrivalLog:
-    """Where each rank last entered a collective, kept in the rendezvous store, so that a rank whose
-    collective timed out can name the ranks that never arrived.
+    """Where each rank last entered a collective, kept in the rendezvous store with each rank's heartbeat, so
+    that a rank whose collective timed out can name the ranks that never arrived, and say which of them were
+    lost and which are alive elsewhere.
 
     Every rank counts the collectives it enters through :meth:`enter`; correct programs enter the
     same collectives in the same order, so a rank whose count is behind did not arrive.
     """
 
-    def __init__(self, store: dist.Store, rank: int, world_size: int) -> None:
+    def __init__(self, store: dist.Store, rank: int, world_size: int, timeout: timedelta) -> None:
         self.store = store
+        self.timeout = timeout
+        """The store's timeout (the collectives'), which this log shortens while it reads or writes."""
         self.rank = rank
         self.world_size = world_size
         self.count = 0
         self.description = ""
+        self.batches = 0
+        """Training batches this rank checked with every other rank (:meth:`batch_checked`)."""
+        self._heartbeat = Heartbeat(store, rank, lambda: self.batches)
+        self._lost_ranks: set[int] = set()
 
     def enter(self, description: str) -> None:
         """Record that this rank enters its next collective."""
@@ -297,28 +313,55 @@ class ArrivalLog:
             # The log only explains a failure; the collective itself reports a store that went away.
             pass
 
-    def absent(self) -> str:
-        """Which ranks had not entered this rank's current collective, in sentences ("" if unknown)."""
+    def batch_checked(self) -> None:
+        """Record that every rank exchanged the outcome of one more training batch with this one (no I/O: the
+        heartbeat carries it)."""
+        self.batches += 1
+
+    def close(self) -> None:
+        """Stop this rank's heartbeat (the run is over).
+
+        Rank 0 waits a moment for the others to stop theirs: the store it hosts closes with its run, and a beat
+        written to a closed store fills the writer's output with torch's warnings.
+        """
+        self._heartbeat.stop()
         try:
-            others = {other: self._entry(other) for other in range(self.world_size) if other != self.rank}
+            with self._store_bounded_by(timedelta(seconds=2 * BEAT_SECONDS)):
+                if self.rank != 0:
+                    self.store.set(f"stopped/{self.rank}", "")
+                elif keys := [f"stopped/{o}" for o in range(1, self.world_size) if o not in self._lost_ranks]:
+                    self.store.wait(keys)
         except RuntimeError:
-            return ""
-        behind = {other: entry for other, entry in others.items() if entry[0] < self.count}
-        ahead = [other for other, (number, _) in others.items() if number > self.count]
+            pass  # a rank that failed, or a store already gone: nothing left to wait for
+
+    def absent(self) -> str:
+        """Which ranks had not entered this rank's current collective, lost or alive, in sentences."""
+        try:
+            after, lost, entries = self._whereabouts(with_entries=True)
+        except RuntimeError as error:
+            return _store_gone(error)
+        parts = [self._lost(lost)] if lost else []
+        behind = {other: entry for other, entry in entries.items() if entry[0] < self.count and other not in lost}
+        ahead = [other for other, (number, _) in entries.items() if number > self.count and other not in lost]
         different = {
-            other: text for other, (number, text) in others.items() if number == self.count and text != self.description
+            other: text
+            for other, (number, text) in entries.items()
+            if number == self.count and text != self.description and other not in lost
         }
-        parts: list[str] = []
         if behind:
             details = "; ".join(
-                f"rank {other} " + (f"last entered #{number} {text}" if number else "had not entered any yet")
+                f"rank {other}{_on(after[other])} "
+                + (f"last entered #{number} {text}" if number else "had not entered any yet")
+                + _after_batches(after[other])
                 for other, (number, text) in sorted(behind.items())
             )
+            alive = ""
+            if all(after[other] for other in behind):
+                alive = " (alive: its heartbeat goes on)" if len(behind) == 1 else " (alive: their heartbeats go on)"
             parts.append(
-                f"{_ranks(sorted(behind)).capitalize()} never arrived at this collective (#{self.count} on this rank): "
-                f"{details}. (Only stratagem's own collectives are counted, not the gradient all-reduces inside DDP, "
-                "FSDP or DeepSpeed: a rank may have trained for many steps since. A rank whose node went away stops "
-                "where its own output ends.)"
+                f"{_ranks(sorted(behind)).capitalize()}{alive} never arrived at this collective (#{self.count} on "
+                f"this rank): {details}. (Only stratagem's own collectives are counted, not the gradient all-reduces "
+                "inside DDP, FSDP or DeepSpeed: a rank may have trained for many steps since.)"
             )
         if different:
             details = "; ".join(f"rank {other}: {text}" for other, text in sorted(different.items()))
@@ -329,12 +372,102 @@ class ArrivalLog:
             parts.append(f"{_ranks(sorted(ahead)).capitalize()} had gone past it, to a later collective.")
         return " ".join(parts) or "Every rank had entered this collective."
 
+    def lost(self) -> str:
+        """Which ranks were lost (their heartbeat stopped), in sentences ("" if none): why a collective failed."""
+        try:
+            _, lost, _ = self._whereabouts(with_entries=False)
+        except RuntimeError as error:
+            return _store_gone(error)
+        return self._lost(lost) if lost else ""
+
+    def _whereabouts(
+        self, with_entries: bool
+    ) -> tuple[dict[int, Beat | None], dict[int, Beat], dict[int, tuple[int, str]]]:
+        """The other ranks' beats, those lost among them, and (``with_entries``) their last collectives."""
+        others = [other for other in range(self.world_size) if other != self.rank]
+        with self._store_bounded_by(timedelta(seconds=SILENCE_SECONDS)):
+            after, silent = _watch_beats(self.store, read_beats(self.store, others))
+            entries = {other: self._entry(other) for other in others} if with_entries else {}
+        lost = {other: beat for other, beat in after.items() if other in silent and beat is not None}
+        self._lost_ranks.update(lost)
+        return after, lost, entries
+
+    @contextlib.contextmanager
+    def _store_bounded_by(self, timeout: timedelta) -> Iterator[None]:
+        """The store's requests bounded by ``timeout`` instead of the collectives' timeout: where the store's
+        own host is gone, one would wait for all of that. Raises ``RuntimeError`` when the store's address does
+        not accept a connection within ``timeout``: a read (``check``) sent to a host that vanished waits for
+        TCP to give up, whatever the timeout, about a quarter of an hour."""
+        layers = [self.store, *([self.store.underlying_store] if isinstance(self.store, dist.PrefixStore) else [])]
+        if isinstance(layers[-1], dist.TCPStore):
+            address = (layers[-1].host, layers[-1].port)
+            try:
+                socket.create_connection(address, timeout=timeout.total_seconds()).close()
+            except OSError as error:
+                raise RuntimeError(f"the store at {address[0]}:{address[1]} did not answer ({error})") from error
+        try:
+            for layer in layers:
+                layer.set_timeout(timeout)
+            yield
+        finally:
+            for layer in layers:
+                layer.set_timeout(self.timeout)
+
+    def _lost(self, lost: dict[int, Beat]) -> str:
+        one = len(lost) == 1
+        where = "; ".join(
+            f"{'' if one else f'rank {other} on '}host {beat.host}" for other, beat in sorted(lost.items())
+        )
+        text = (
+            f"{_ranks(sorted(lost)).capitalize()} ({where}) {'was' if one else 'were'} lost: "
+            f"{'its heartbeat' if one else 'their heartbeats'} stopped (none in the last {SILENCE_SECONDS:g} s), so "
+            f"{'its process' if one else 'their processes'} ended or {'its host' if one else 'their hosts'} left "
+            "the network."
+        )
+        if self.batches:
+            text += (
+                " That was during training: the last training batch every rank checked together was "
+                f"#{self.batches} of this run."
+            )
+        return text + f" {'Its' if one else 'Their'} own output, or the host's logs, say why."
+
     def _entry(self, other: int) -> tuple[int, str]:
         key = f"collective/{other}"
         if not self.store.check([key]):
             return 0, ""
         number, _, text = self.store.get(key).decode().partition("\n")
         return int(number), text
+
+
+def _watch_beats(store: dist.Store, before: dict[int, Beat | None]) -> tuple[dict[int, Beat | None], set[int]]:
+    """The ranks' beats after watching them for up to :data:`SILENCE_SECONDS`, and the ranks whose beat did not
+    change meanwhile. Watching ends as soon as every rank that beat before beat again: only a lost rank costs
+    the whole wait. Each look is one read of the store, twice a beat: every surviving rank of a large job
+    watches at once."""
+    beating = [other for other, beat in before.items() if beat is not None]
+    deadline = time.monotonic() + SILENCE_SECONDS
+    while True:
+        after = {**before, **read_beats(store, beating, all_written=True)}
+        silent = {
+            other
+            for other in beating
+            if (beat := after[other]) is not None
+            and (earlier := before[other]) is not None
+            and beat.sequence == earlier.sequence
+        }
+        if not silent or time.monotonic() >= deadline:
+            return after, silent
+        time.sleep(BEAT_SECONDS / 2)
+
+
+def _on(beat: Beat | None) -> str:
+    return "" if beat is None else f" (host {beat.host})"
+
+
+def _after_batches(beat: Beat | None) -> str:
+    if beat is None or not beat.batches:
+        return ""
+    return f" (its latest heartbeat counted {beat.batches} training batch{'' if beat.batches == 1 else 'es'} run)"
 
 
 def _ranks(ranks: Sequence[int]) -> str:

@@ -235,7 +235,7 @@ class ParallelStrategy(Strategy, ABC):
             self.process_group_backend, store=store, rank=rank, world_size=world_size, timeout=self.timeout
         )
         self._created_process_group = True
-        self._arrivals = ArrivalLog(store, rank, world_size)
+        self._arrivals = ArrivalLog(store, rank, world_size, self.timeout)
 
     def reduce(self, tensor: Any, op: ReduceOp = "mean", *, group: Any = None, reduce_op: Any = None) -> Any:
         op = reduce_operation(op, reduce_op)
@@ -298,12 +298,15 @@ class ParallelStrategy(Strategy, ABC):
         except RuntimeError:
             with self.collective("all_reduce (of the training step's outcome, after training_step)"):
                 raise
+        if self._arrivals is not None:
+            self._arrivals.batch_checked()
         return outcomes.tolist()
 
     @contextlib.contextmanager
     def collective(self, description: str) -> Iterator[None]:
         """Context around a collective: its failure or timeout is re-raised naming ``description`` and this
-        rank, and on a timeout the ranks that never arrived where the rendezvous store can tell."""
+        rank, the ranks that were lost, and on a timeout the ranks that never arrived, where the rendezvous
+        store can tell."""
         arrivals = self._arrivals if _distributed_ready() else None
         if arrivals is not None:
             arrivals.enter(description)
@@ -312,11 +315,15 @@ class ParallelStrategy(Strategy, ABC):
         except RuntimeError as error:
             timed_out = "timed out" in str(error).lower() or "timeout" in str(error).lower()
             what = f"did not complete within timeout={self.timeout}" if timed_out else "failed"
-            absent = f"\n{arrivals.absent()}" if timed_out and arrivals is not None else ""
+            absent = ""
+            if arrivals is not None:
+                # A timeout is explained by where the others are; a failure (a connection closed) by who is gone.
+                absent = arrivals.absent() if timed_out else arrivals.lost()
+                absent = f"\n{absent}" if absent else ""
             raise RuntimeError(
                 f"The collective {description} {what} on rank {self.global_rank}: {error}{absent}\n"
                 "A collective fails when another rank died, and times out when another rank never reached it "
-                "(for example, it runs different code or is stuck)."
+                "(for example, it runs different code or is stuck, or its host left the network)."
             ) from error
 
     def clip_gradients(
@@ -352,11 +359,11 @@ class ParallelStrategy(Strategy, ABC):
         try:
             yield
         finally:
+            self._close_arrivals()
             if self._created_process_group:
                 self.destroy_process_group()
             wait_for_idle_gloo_workers()
             self._created_process_group = False
-            self._arrivals = None
 
     def _require_live_process_group(self, action: str) -> None:
         """Raise, before anything is read or written, when the process group joining the run has ended.
@@ -392,6 +399,7 @@ class ParallelStrategy(Strategy, ABC):
 
     def teardown(self) -> None:
         super().teardown()
+        self._close_arrivals()
         if dist.is_available() and dist.is_initialized():
             # A group initialised before this strategy set up (by the user's script) is the user's: it
             # outlives the run. Either way the run's last collectives must be released before the
@@ -400,10 +408,14 @@ class ParallelStrategy(Strategy, ABC):
                 self.destroy_process_group()
             wait_for_idle_gloo_workers()
         self._created_process_group = False
-        self._arrivals = None
         self._layout_mesh = self._layout_data_parallel_mesh = None
         if self.cluster_environment is not None:
             self.cluster_environment.teardown()
+
+    def _close_arrivals(self) -> None:
+        if self._arrivals is not None:
+            self._arrivals.close()
+        self._arrivals = None
 
     def destroy_process_group(self) -> None:
         """Destroy the default process group this strategy created, with whatever the backend keeps of it."""

@@ -97,6 +97,10 @@ def check_checkpoint_directories_shared(trainer: Trainer) -> None:
         for path in written:
             path.unlink(missing_ok=True)
     lacking = {rank: report for rank, report in enumerate(reports) if report["missing"]}
+    mine = set(reports[strategy.global_rank]["missing"])
+    for callback in trainer.checkpoint_callbacks:
+        # Where this node does not see the files rank 0 writes, their paths say which host holds them.
+        callback.files_host = reports[0]["host"] if str(callback.dirpath) in mine else None
     if not lacking:
         return
     unseen = sorted({directory for report in lacking.values() for directory in report["missing"]})
@@ -112,8 +116,10 @@ def check_checkpoint_directories_shared(trainer: Trainer) -> None:
         )
     if strategy.is_global_zero:
         warnings.warn(
-            f"{what}. Rank 0 writes every checkpoint alone, so they exist on its node only: best_model_path names "
-            f"files there, and resuming with ckpt_path='last' fails on the other nodes. {_SHARED_STORAGE_ADVICE}.",
+            f"{what}. Rank 0 writes every checkpoint alone, so they exist on its node only: on the other nodes "
+            f"ModelCheckpoint's best_model_path and last_model_path read '{reports[0]['host']}:<path>', naming "
+            "this host, and resuming with ckpt_path='last' fails there. "
+            f"{_SHARED_STORAGE_ADVICE}.",
             stacklevel=2,
         )
 
