@@ -35,7 +35,10 @@ from stratagem.checkpoint_io import (
     read_full_checkpoint,
 )
 from stratagem.checkpoint_io.async_io import AsyncCheckpointIO
+from stratagem.checkpoint_io.async_sharded import AsyncDistributedCheckpointIO
+from stratagem.checkpoint_io.optimizer_state import parameter_names, to_index_keyed, to_name_keyed
 from stratagem.checkpoint_io.safetensors_import import SafetensorsWeights, copy_whole, load_pretrained_weights
+from stratagem.checkpoint_io.sharded import DistributedCheckpointIO
 from stratagem.strategies import (
     BackwardSyncControl,
     BlockPolicy,
@@ -50,11 +53,8 @@ from stratagem.strategies import (
 )
 from stratagem.strategies.compilation import strip_compile_prefix
 from stratagem.strategies.rank_zero_build import rank_zero_build, refuse_differently_built, refuse_meta_attributes
-from stratagem_fsdp.async_checkpoint_io import AsyncDistributedCheckpointIO
-from stratagem_fsdp.checkpoint_io import DistributedCheckpointIO
 from stratagem_fsdp.materialize import allocate, has_meta_tensors
 from stratagem_fsdp.memory import RELEASING_STEP_TIME, fsdp_estimate
-from stratagem_fsdp.optimizer_state import parameter_names, to_index_keyed, to_name_keyed
 from stratagem_fsdp.options import (
     ModulePolicy,
     ModuleSelector,
