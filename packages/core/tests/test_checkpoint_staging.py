@@ -62,8 +62,11 @@ def test_a_part_that_fails_on_one_rank_publishes_nothing_and_every_rank_raises(w
     _previous(target)
     outcomes = workers.run(_write, str(target), failing_rank, "part")
     failed, other = outcomes[failing_rank], outcomes[1 - failing_rank]
-    assert failed.startswith("OSError") and "disk is full (ENOSPC" in failed and f"part_{failing_rank}" in failed
-    assert other.startswith("RuntimeError") and "failed on another rank" in other
+    assert failed.startswith("OSError")
+    assert "disk is full (ENOSPC" in failed
+    assert f"part_{failing_rank}" in failed
+    assert other.startswith("RuntimeError")
+    assert "failed on another rank" in other
     assert [path.name for path in target.iterdir()] == ["old"]
     assert sorted(path.name for path in tmp_path.iterdir()) == ["checkpoint"]
 
@@ -73,7 +76,8 @@ def test_a_completion_that_fails_on_rank_zero_is_named_on_every_rank(workers, tm
     _previous(target)
     outcomes = workers.run(_write, str(target), None, "complete")
     assert outcomes[0] == "ValueError: the plain entries cannot be written"
-    assert outcomes[1].startswith("RuntimeError") and "failed on rank 0: ValueError" in outcomes[1]
+    assert outcomes[1].startswith("RuntimeError")
+    assert "failed on rank 0: ValueError" in outcomes[1]
     assert [path.name for path in target.iterdir()] == ["old"]
     assert sorted(path.name for path in tmp_path.iterdir()) == ["checkpoint"]
 
