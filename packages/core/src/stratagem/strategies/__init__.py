@@ -10,6 +10,7 @@ from stratagem.strategies.capabilities import (
     RebuildsDataLoaders,
     StepBoundary,
     StepBoundaryListener,
+    TakesMeshLayout,
 )
 from stratagem.strategies.compilation import BlockPolicy, CompileSettings
 from stratagem.strategies.host_allocator import (
@@ -44,6 +45,7 @@ __all__ = [
     "StepBoundaryListener",
     "Strategy",
     "StrategyOptions",
+    "TakesMeshLayout",
     "check_release_host_memory",
     "release_freed_host_memory",
     "releases_host_memory",
