@@ -59,7 +59,16 @@ def check_tp_plan(plan: object) -> dict[str, str | ParallelStyle]:
 
 def apply_tp_plan(module: nn.Module, tp_mesh: DeviceMesh, plan: Mapping[str, str | ParallelStyle]) -> None:
     """Split the modules ``plan`` names over ``tp_mesh``; a ``ValueError`` naming every pattern that matches no
-    module, before anything is split."""
+    module, before anything is split. Over one rank nothing is split: the modules stay as they are."""
+    check_plan_matches(module, plan)
+    if tp_mesh.size() == 1:
+        return
+    styles = {pattern: STYLES[style]() if isinstance(style, str) else style for pattern, style in plan.items()}
+    parallelize_module(module, tp_mesh, styles)
+
+
+def check_plan_matches(module: nn.Module, plan: Mapping[str, str | ParallelStyle]) -> None:
+    """A ``ValueError`` naming every pattern of ``plan`` that matches no module of ``module``."""
     names = [name for name, _ in module.named_modules() if name]
     unmatched = [pattern for pattern in plan if not any(_matches(pattern, name) for name in names)]
     if unmatched:
@@ -69,8 +78,6 @@ def apply_tp_plan(module: nn.Module, tp_mesh: DeviceMesh, plan: Mapping[str, str
             f"{', ...' if len(names) > 8 else ''}). A pattern's dot-separated parts match a module name's parts one "
             "by one, '*' standing for one part (e.g. 'layers.*.attn.q')."
         )
-    styles = {pattern: STYLES[style]() if isinstance(style, str) else style for pattern, style in plan.items()}
-    parallelize_module(module, tp_mesh, styles)
 
 
 def check_heads_split_evenly(module: nn.Module, tp: int) -> None:
