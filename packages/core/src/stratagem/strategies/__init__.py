@@ -15,6 +15,7 @@ from stratagem.strategies.capabilities import (
 from stratagem.strategies.compilation import BlockPolicy, CompileSettings
 from stratagem.strategies.host_allocator import (
     check_release_host_memory,
+    host_memory_is_tight,
     release_freed_host_memory,
     releases_host_memory,
 )
@@ -47,6 +48,7 @@ __all__ = [
     "StrategyOptions",
     "TakesMeshLayout",
     "check_release_host_memory",
+    "host_memory_is_tight",
     "release_freed_host_memory",
     "releases_host_memory",
     "replicated_estimate",
