@@ -1,6 +1,7 @@
 """FSDP: model-state bytes and peak RSS per rank against DDP, and steps/s against raw fully_shard.
 
-    python tools/bench/run.py fsdp [--steps 10] [--rounds 5] [--json out.json]
+    python tools/bench/run.py fsdp [--steps 10] [--rounds 5] [--release-host-memory default|true|false]
+                                   [--json out.json]
 
 Each contender starts 2 fresh CPU processes (gloo) that build the same ~21M-parameter MLP
 (five 2048x2048 linear layers) with AdamW through the strategy (``fsdp`` with each linear
@@ -18,6 +19,10 @@ loop over the same model sharded with ``fully_shard`` directly (same units, same
 alternate rounds of ``--steps`` steps after a warm-up (who goes first alternates too); the
 ratio is the median of the per-round ratios. Numbers taken while other jobs use the CPUs are noisy: compare ratios from
 one run, not absolute steps/s across runs.
+
+``--release-host-memory`` is passed to ``FSDPStrategy(release_host_memory=...)`` (``default``: left out, which
+releases only when host memory is tight); run it once per choice to compare their peak RSS. The setting is
+per process, so the raw loop beside the strategy runs under it too.
 
 Targets: fsdp's model-state bytes per rank at most 0.55x ddp's; steps/s at least 0.95x raw.
 """
@@ -45,12 +50,19 @@ MICRO_BATCH = 8
 MEMORY_TARGET = 0.55
 SPEED_TARGET = 0.95
 CONTENDERS = ("ddp", "fsdp")
+RELEASE_CHOICES = {"default": None, "true": True, "false": False}
 
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python tools/bench/run.py fsdp", description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=10, help="timed steps per round (default: 10)")
     parser.add_argument("--rounds", type=int, default=5, help="timed rounds per contender (default: 5)")
+    parser.add_argument(
+        "--release-host-memory",
+        choices=sorted(RELEASE_CHOICES),
+        default="default",
+        help="FSDPStrategy's release_host_memory (default: left out)",
+    )
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -60,7 +72,12 @@ def main(argv: list[str]) -> int:
         parser.error(f"--steps={args.steps} and --rounds={args.rounds} must be at least 1.")
     results = {}
     for contender in CONTENDERS:
-        spec = {"contender": contender, "steps": args.steps, "rounds": args.rounds}
+        spec = {
+            "contender": contender,
+            "steps": args.steps,
+            "rounds": args.rounds,
+            "release_host_memory": RELEASE_CHOICES[args.release_host_memory],
+        }
         results[contender] = _run_ranks(spec)
         print(_row(contender, results[contender]), flush=True)
     report = _report(results)
@@ -117,6 +134,7 @@ def _row(contender: str, result: dict[str, Any]) -> str:
     return (
         f"{contender:<5} parameters {ranks[0]['parameters']:,}  model-state MiB/rank {model_state}  "
         f"peak RSS MiB/rank {peak_rss}"
+        + (f"  releases host memory: {ranks[0]['releases_host_memory']}" if "releases_host_memory" in ranks[0] else "")
     )
 
 
@@ -175,7 +193,9 @@ def _worker(spec: dict[str, Any]) -> int:
     from stratagem_fsdp import FSDPStrategy
 
     network = _network()
-    chosen: Any = FSDPStrategy(auto_wrap_policy={nn.Linear}) if spec["contender"] == "fsdp" else "ddp"
+    release = spec["release_host_memory"]
+    fsdp = FSDPStrategy(auto_wrap_policy={nn.Linear}, release_host_memory=release)
+    chosen: Any = fsdp if spec["contender"] == "fsdp" else "ddp"
     strategy = stratagem.resolve(strategy=chosen, accelerator="cpu", devices=WORLD_SIZE)
     strategy.setup_environment()
     torch.manual_seed(0)
@@ -195,6 +215,7 @@ def _worker(spec: dict[str, Any]) -> int:
     }
     strategy.zero_grad(optimizer)
     if spec["contender"] == "fsdp":
+        report["releases_host_memory"] = strategy.releases_host_memory
         report["speed"] = _compare_speed(strategy, optimizer, batches, spec["steps"], spec["rounds"])
     Path(spec["out"]).write_text(json.dumps(report))
     strategy.teardown()

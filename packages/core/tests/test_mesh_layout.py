@@ -2,7 +2,8 @@
 
 import pytest
 
-from stratagem.mesh import MeshLayout
+import stratagem
+from stratagem.mesh import MeshLayout, parse_layout
 
 
 def test_minus_one_and_auto_take_the_ranks_the_other_dimensions_leave():
@@ -56,3 +57,28 @@ def test_a_pipeline_that_does_not_fit_the_world_is_refused_naming_pp():
         MeshLayout(pp=3).resolved(4)
     with pytest.raises(ValueError, match=r"pp=0 is not a valid mesh size"):
         MeshLayout(pp=0)
+
+
+def test_a_layout_is_given_as_text_a_dict_or_a_layout_alike():
+    expected = MeshLayout(dp_shard=2, tp=2)
+    assert parse_layout("dp_shard=2, tp=2") == parse_layout({"dp_shard": 2, "tp": 2}) == parse_layout(expected)
+    assert parse_layout("dp_replicate=2,dp_shard=auto") == MeshLayout(dp_replicate=2, dp_shard=-1)
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("dp_shard=2,tensor=2", r"names tensor; its dimensions are dp_replicate, dp_shard, tp"),
+        ("tp:2", r"'tp:2' is not name=size"),
+        ("tp=two", r"'two' is not a size"),
+        (4, r"layout=4 is not a mesh layout"),
+    ],
+)
+def test_a_layout_that_cannot_be_read_is_refused_naming_what_is_accepted(value, message):
+    with pytest.raises((ValueError, TypeError), match=message):
+        parse_layout(value)
+
+
+def test_single_device_refuses_a_layout_in_the_calling_process_naming_the_sizes():
+    with pytest.raises(ValueError, match=r"layout=\(dp_replicate=1, dp_shard=1, tp=2\) cannot run under strategy="):
+        stratagem.resolve(strategy="single_device", accelerator="cpu", devices=1, layout={"dp_shard": 1, "tp": 2})

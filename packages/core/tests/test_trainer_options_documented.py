@@ -10,7 +10,7 @@ from stratagem.trainer.settings import SETTING_NAMES
 
 README = Path(__file__).parents[3] / "README.md"
 
-RESOLVED_BY_THE_CONNECTOR = {"accelerator", "strategy", "devices", "num_nodes", "precision", "plugins"}
+RESOLVED_BY_THE_CONNECTOR = {"accelerator", "strategy", "devices", "num_nodes", "precision", "plugins", "layout"}
 """Described in the README's prose above the table (they go to stratagem.resolve)."""
 
 NOT_A_PYTHON_DEFAULT = {"default_root_dir": "working directory"}

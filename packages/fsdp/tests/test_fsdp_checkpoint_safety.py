@@ -11,11 +11,11 @@ from fsdp_testing import Block, build, make_strategy
 
 from stratagem import Trainer
 from stratagem.checkpoint_io import CheckpointError, TorchCheckpointIO, read_full_checkpoint
+from stratagem.checkpoint_io.dcp_metadata import read_metadata
+from stratagem.checkpoint_io.sharded import METADATA_FILE, DistributedCheckpointIO
 from stratagem.cli.main import main
 from stratagem.demo import DemoModule, demo_dataloaders
 from stratagem.testing import DistributedWorkers
-from stratagem_fsdp.checkpoint_io import METADATA_FILE, DistributedCheckpointIO
-from stratagem_fsdp.dcp_metadata import read_metadata
 
 HIDDEN = 8
 

@@ -11,10 +11,10 @@ from torch.utils._pytree import tree_map
 
 import stratagem
 from stratagem.checkpoint_io import CheckpointError, TorchCheckpointIO, read_full_checkpoint
+from stratagem.checkpoint_io.optimizer_state import to_index_keyed
+from stratagem.checkpoint_io.sharded import DistributedCheckpointIO
 from stratagem.cli import consolidate
 from stratagem.testing import DistributedWorkers
-from stratagem_fsdp.checkpoint_io import DistributedCheckpointIO
-from stratagem_fsdp.optimizer_state import to_index_keyed
 
 pytestmark = pytest.mark.distributed
 

@@ -10,8 +10,8 @@ import pytest
 import torch
 from fsdp_testing import Block, Net, build, make_strategy
 
+from stratagem.checkpoint_io.sharded import DistributedCheckpointIO
 from stratagem.testing import DistributedWorkers
-from stratagem_fsdp.checkpoint_io import DistributedCheckpointIO
 
 pytestmark = pytest.mark.timeout(120)
 

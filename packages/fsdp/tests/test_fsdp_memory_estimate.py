@@ -52,28 +52,56 @@ def test_fsdp_on_one_process_holds_everything_like_a_replicated_strategy():
     assert estimate.device_bytes == footprint.training_state_bytes + footprint.activation_bytes
 
 
-def test_on_the_cpu_ranks_return_freed_memory_by_default_and_the_plan_counts_the_slower_step():
-    releasing = stratagem.resolve(accelerator="cpu", strategy=FSDPStrategy(), devices=2)
+def _available_host_memory(monkeypatch, available):
+    import stratagem.strategies.host_allocator as host_allocator
+
+    monkeypatch.setattr(host_allocator, "available_host_bytes", lambda: available)
+
+
+@pytest.mark.parametrize(("available", "releasing"), [(1 << 40, False), (1 << 20, True)])
+def test_on_the_cpu_the_default_releases_freed_memory_only_when_memory_is_tight_and_the_plan_counts_it(
+    monkeypatch, available, releasing
+):
+    _available_host_memory(monkeypatch, available)
+    default = stratagem.resolve(accelerator="cpu", strategy=FSDPStrategy(), devices=2)
     keeping = stratagem.resolve(accelerator="cpu", strategy=FSDPStrategy(release_host_memory=False), devices=2)
-    assert releasing.releases_host_memory
     assert not keeping.releases_host_memory
     footprint = model_footprint(Stack())[0]
-    slower = releasing.estimate_memory(footprint).relative_step_time
-    assert slower == pytest.approx(keeping.estimate_memory(footprint).relative_step_time * RELEASING_STEP_TIME)
+    slower = default.estimate_memory(footprint).relative_step_time
+    kept = keeping.estimate_memory(footprint).relative_step_time
+    assert slower == pytest.approx(kept * RELEASING_STEP_TIME if releasing else kept)
 
 
-def test_setting_up_a_releasing_rank_asks_the_allocator_to_return_freed_memory(monkeypatch):
+def test_only_release_host_memory_true_asks_the_allocator_when_the_environment_is_set_up(monkeypatch):
     import stratagem_fsdp.strategy as module
 
     asked = []
-    monkeypatch.setattr(module, "release_freed_host_memory", lambda: asked.append(True))
-    for release in (False, None):
+    monkeypatch.setattr(module, "release_freed_host_memory", lambda: asked.append(True) or True)
+    for release in (False, None, True):
         strategy = stratagem.resolve(accelerator="cpu", strategy=FSDPStrategy(release_host_memory=release), devices=1)
         monkeypatch.setattr(type(strategy).__mro__[1], "setup_environment", lambda self: None)
         monkeypatch.setattr(module, "init_device_mesh", lambda *args, **kwargs: pytest.fail("stop after the allocator"))
         with pytest.raises(pytest.fail.Exception, match="stop after the allocator"):
             strategy.setup_environment()
     assert asked == [True]
+
+
+@pytest.mark.parametrize(("available", "asked"), [(1 << 40, []), (1 << 20, [True])])
+def test_by_default_setting_up_the_module_asks_the_allocator_only_when_its_shards_make_memory_tight(
+    monkeypatch, available, asked
+):
+    import stratagem_fsdp.strategy as module
+
+    _available_host_memory(monkeypatch, available)
+    calls = []
+    monkeypatch.setattr(module, "release_freed_host_memory", lambda: calls.append(True) or True)
+    monkeypatch.setattr(module, "shard_module", lambda *args, **kwargs: pytest.fail("stop before sharding"))
+    strategy = stratagem.resolve(accelerator="cpu", strategy=FSDPStrategy(), devices=1)
+    strategy._device_mesh = "the mesh, never used: sharding stops first"
+    with pytest.raises(pytest.fail.Exception, match="stop before sharding"):
+        strategy.setup_module(Stack())
+    assert calls == asked
+    assert strategy.releases_host_memory == bool(asked)
 
 
 @pytest.mark.parametrize("value", ["yes", 1, 0.0])

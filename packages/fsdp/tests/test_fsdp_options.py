@@ -15,10 +15,10 @@ import stratagem
 from stratagem import registry
 from stratagem.checkpoint_io import TorchCheckpointIO
 from stratagem.checkpoint_io.async_io import AsyncCheckpointIO
+from stratagem.checkpoint_io.optimizer_state import to_index_keyed, to_name_keyed
 from stratagem.precision import MixedPrecision, Precision
 from stratagem.strategies import BackwardSyncControl
 from stratagem_fsdp import AsyncDistributedCheckpointIO, FSDPStrategy
-from stratagem_fsdp.optimizer_state import to_index_keyed, to_name_keyed
 from stratagem_fsdp.options import ModuleSelector, ShardingLayout, mixed_precision_policy, sharding_layout
 from stratagem_fsdp.wrapping import selected_units
 
@@ -36,11 +36,6 @@ def test_strategy_names_and_their_defaults_are_registered():
         assert registry.strategies.describe(name).available
 
 
-def test_the_checkpoint_reader_is_registered_for_read_full_checkpoint():
-    assert registry.checkpoint_io.get("distributed_checkpoint").distribution == "stratagem-fsdp"
-    assert registry.checkpoint_io.get("async_distributed_checkpoint").distribution == "stratagem-fsdp"
-
-
 class _OwnFileIO(TorchCheckpointIO):
     """A user's own one-file IO: in the background, still written by rank 0 alone."""
 
@@ -48,7 +43,7 @@ class _OwnFileIO(TorchCheckpointIO):
 def test_registering_imports_neither_torch_nor_the_strategy():
     code = (
         "import sys; from stratagem.registry import Registry; import stratagem_fsdp.registration as r; "
-        "r.register_strategies(Registry('strategy', 'x')); r.register_checkpoint_io(Registry('checkpoint IO', 'y')); "
+        "r.register_strategies(Registry('strategy', 'x')); "
         "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('stratagem_fsdp.')))"
     )
     output = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout

@@ -14,8 +14,9 @@ from stratagem import registry
 from stratagem.accelerators import Accelerator
 from stratagem.checkpoint_io import CheckpointIO
 from stratagem.environments.cluster_environment import ClusterEnvironment
+from stratagem.mesh import Degree, MeshLayout, parse_layout
 from stratagem.precision import Precision
-from stratagem.strategies import Strategy
+from stratagem.strategies import Strategy, TakesMeshLayout
 
 PRECISION_SHORT_FORMS: dict[str, str] = {
     "32": "32-true",
@@ -43,9 +44,14 @@ def resolve(
     num_nodes: int = 1,
     precision: str | int | None = None,
     plugins: Plugin | Iterable[Plugin] | None = None,
+    layout: MeshLayout | dict[str, Degree] | str | None = None,
 ) -> Strategy:
     """Build the Strategy that ``Trainer(...)`` would run, wired with its accelerator,
     precision, checkpoint IO, cluster environment and launcher.
+
+    ``layout`` (a :class:`~stratagem.mesh.MeshLayout`, a dict of sizes or ``"dp_shard=2,tp=2"``) is run by
+    a strategy that takes one (:class:`~stratagem.strategies.TakesMeshLayout`); its sizes must multiply to
+    ``devices x num_nodes``.
 
     Every invalid value or combination raises ``ValueError`` / ``TypeError`` here, naming the
     option, the value and what would be accepted, before any process starts. A strategy
@@ -77,6 +83,8 @@ def resolve(
     environment = environment or detect_environment()
     if strategy_instance is None:
         strategy_instance = _create_strategy(str(strategy), total_devices=len(device_list) * num_nodes)
+    if layout is not None:
+        _hand_layout(strategy_instance, strategy, parse_layout(layout))
     # Marked before configuring: a configure that fails may already have changed the instance.
     _configured_strategies.add(strategy_instance)
     strategy_instance.configure(
@@ -94,6 +102,27 @@ def resolve(
             "notebook or REPL. Use 'ddp_notebook' or 'ddp_fork' there, or run a script."
         )
     return strategy_instance
+
+
+def _hand_layout(strategy: Strategy, given: str | Strategy, layout: MeshLayout) -> None:
+    """Give ``layout`` to a strategy that can run it; refuse one that cannot, naming the sizes it cannot take."""
+    name = given if isinstance(given, str) else type(given).__name__
+    spread = [dimension for dimension in layout.dim_names if getattr(layout, dimension) != 1]
+    if not isinstance(strategy, TakesMeshLayout):
+        raise ValueError(
+            f"layout=({layout}) cannot run under strategy={name!r}: {type(strategy).__name__} runs no device mesh "
+            "(it does not take a mesh layout). Leave layout out, or choose a strategy that takes one, such as "
+            "'model_parallel' (dp_replicate x dp_shard x tp)."
+        )
+    unusable = [dimension for dimension in spread if dimension not in strategy.mesh_dimensions]
+    if unusable:
+        sizes = ", ".join(f"{dimension}={getattr(layout, dimension)}" for dimension in unusable)
+        raise ValueError(
+            f"layout=({layout}) cannot run under strategy={name!r}: it spreads only "
+            f"{', '.join(sorted(strategy.mesh_dimensions))} over several ranks, not {sizes}. Set "
+            f"{' and '.join(unusable)} to 1, or choose a strategy that spreads them."
+        )
+    strategy.use_layout(layout)
 
 
 def _check_checkpoint_io(strategy: Strategy) -> None:

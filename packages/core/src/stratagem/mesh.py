@@ -115,3 +115,37 @@ class MeshLayout:
 
     def __str__(self) -> str:
         return ", ".join(f"{name}={getattr(self, name)}" for name in self.dim_names)
+
+
+def parse_layout(value: object) -> MeshLayout:
+    """A layout from ``value``: a :class:`MeshLayout`, a dict of sizes (``{"dp_shard": 2, "tp": 2}``) or the same
+    as text (``"dp_shard=2,tp=2"``). Dimensions left out take the defaults (``dp_shard=-1``, the others 1)."""
+    if isinstance(value, MeshLayout):
+        return value
+    names = [dimension.name for dimension in fields(MeshLayout)]
+    sizes: dict[str, object]
+    if isinstance(value, str):
+        sizes = {}
+        for item in filter(None, (part.strip() for part in value.split(","))):
+            name, equals, size = item.partition("=")
+            if not equals:
+                raise ValueError(f"layout={value!r}: {item!r} is not name=size; expected e.g. 'dp_shard=2,tp=2'.")
+            sizes[name.strip()] = size.strip() if size.strip() == "auto" else _size(value, size.strip())
+    elif isinstance(value, dict):
+        sizes = dict(value)
+    else:
+        raise TypeError(
+            f"layout={value!r} is not a mesh layout; expected a MeshLayout, a dict of sizes or text such as "
+            "'dp_shard=2,tp=2'."
+        )
+    unknown = sorted(str(name) for name in sizes if name not in names)
+    if unknown:
+        raise ValueError(f"layout={value!r} names {', '.join(unknown)}; its dimensions are {', '.join(names)}.")
+    return MeshLayout(**sizes)  # type: ignore[arg-type]
+
+
+def _size(layout: str, text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(f"layout={layout!r}: {text!r} is not a size; expected an int, -1 or 'auto'.") from None

@@ -22,9 +22,8 @@ from stratagem.checkpoint_io import (
     CheckpointIO,
     LazyCheckpoint,
     PathLike,
-    move_into_place,
     optional_checkpoint_file,
-    temporary_sibling,
+    write_staged,
 )
 from stratagem.checkpoint_io.safetensors_import import SafetensorsWeights, copy_whole, load_pretrained_weights
 from stratagem.strategies import (
@@ -481,8 +480,8 @@ class DeepSpeedStrategy(ParallelStrategy, OwnsAccumulation):
     # -- checkpoints ----------------------------------------------------------------------------
 
     def save_checkpoint(self, path: PathLike, state: dict[str, Any]) -> None:
-        """Every rank writes its ZeRO shards through the engine into a temporary directory; once all are
-        written, rank 0 adds the plain entries and publishes the directory under ``path``."""
+        """Every rank writes its ZeRO shards through the engine into a staged directory; once all are written,
+        rank 0 adds the plain entries and publishes it under ``path`` (:mod:`stratagem.checkpoint_io.staging`)."""
         if self._engine is None and not _holds_partitions(state):
             self._save_after_run(path, state)
             return
@@ -495,7 +494,6 @@ class DeepSpeedStrategy(ParallelStrategy, OwnsAccumulation):
             )
         target = Path(path).absolute()
         module_key, optimizers_key, plain = self._split_state(state)
-        temporary = self.broadcast(temporary_sibling(target) if self.is_global_zero else None)
         full_weights = self.module_full_state_dict() if self.save_full_weights else None
         metadata = {
             "module_key": module_key,
@@ -507,17 +505,12 @@ class DeepSpeedStrategy(ParallelStrategy, OwnsAccumulation):
         if full_weights is not None:
             entries[module_key] = full_weights
 
-        def publish() -> None:
-            layout.write_state_file(temporary, entries)
-            move_into_place(temporary, target)
-
-        with layout.removed_on_error(temporary):
+        def write_shards(staging: Path) -> None:
             # DeepSpeed would save optimizer sub-groups swapped out to NVMe as empty tensors.
             with swapped_optimizer_state_in_memory(self.engine.optimizer):
-                self.engine.save_checkpoint(str(temporary))
-            # The directory is whole only once every rank has written its shards into it.
-            self.barrier("save_checkpoint: shards written")
-            self.write_on_rank_zero(publish, f"save_checkpoint({str(target)!r})")
+                self.engine.save_checkpoint(str(staging))
+
+        write_staged(target, self, write_shards, lambda staging: layout.write_state_file(staging, entries))
 
     def _save_after_run(self, path: PathLike, state: dict[str, Any]) -> None:
         """``trainer.save_checkpoint`` once the run has ended (no engine, no ZeRO-3 partitions left): its optimizer

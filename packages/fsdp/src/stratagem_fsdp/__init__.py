@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING
 from stratagem.exports import lazy_exports
 
 if TYPE_CHECKING:
-    from stratagem_fsdp.async_checkpoint_io import AsyncDistributedCheckpointIO
-    from stratagem_fsdp.checkpoint_io import DistributedCheckpointIO
+    from stratagem.checkpoint_io.async_sharded import AsyncDistributedCheckpointIO
+    from stratagem.checkpoint_io.sharded import DistributedCheckpointIO
     from stratagem_fsdp.model_parallel import ModelParallelStrategy
     from stratagem_fsdp.pipeline import PipelineStrategy
     from stratagem_fsdp.strategy import FSDPStrategy
@@ -31,8 +31,8 @@ __getattr__, __dir__ = lazy_exports(
         "FSDPStrategy": "stratagem_fsdp.strategy",
         "ModelParallelStrategy": "stratagem_fsdp.model_parallel",
         "PipelineStrategy": "stratagem_fsdp.pipeline",
-        "DistributedCheckpointIO": "stratagem_fsdp.checkpoint_io",
-        "AsyncDistributedCheckpointIO": "stratagem_fsdp.async_checkpoint_io",
+        "DistributedCheckpointIO": "stratagem.checkpoint_io.sharded",
+        "AsyncDistributedCheckpointIO": "stratagem.checkpoint_io.async_sharded",
     },
     "stratagem-fsdp",
 )

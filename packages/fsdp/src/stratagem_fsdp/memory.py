@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from torch import nn
+
 from stratagem.strategies import MemoryEstimate, ModelFootprint
 from stratagem_fsdp.options import ModuleSelector, ShardingLayout
 from stratagem_fsdp.wrapping import selected_units
@@ -67,3 +69,20 @@ def _unit_sizes(footprint: ModelFootprint, auto_wrap: ModuleSelector | None) -> 
         counted.update(id(parameter) for parameter in own)
         sizes.append(sum(parameter.numel() for parameter in own))
     return sizes, footprint.parameters - sum(sizes)
+
+
+def built_footprint(module: nn.Module) -> ModelFootprint:
+    """The footprint of a module already built, before it is sharded: AdamW's two moments per trainable element,
+    activations not counted (what decides ``release_host_memory=None`` in ``setup_module``)."""
+    parameters = list(module.parameters())
+    parameter_bytes = sum(parameter.numel() * parameter.element_size() for parameter in parameters)
+    gradient_bytes = sum(p.numel() * p.element_size() for p in parameters if p.requires_grad)
+    return ModelFootprint(
+        parameters=sum(parameter.numel() for parameter in parameters),
+        parameter_bytes=parameter_bytes,
+        gradient_bytes=gradient_bytes,
+        optimizer_state_bytes=2 * gradient_bytes,
+        activation_bytes=0,
+        largest_unit_bytes=parameter_bytes,
+        module=module,
+    )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from dataclasses import replace
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.distributed as dist
@@ -15,21 +15,31 @@ from torch.distributed.tensor import DTensor
 
 from stratagem.environments.cluster_environment import ClusterEnvironment
 from stratagem.mesh import Degree, MeshLayout
-from stratagem.strategies import LayoutSharding
+from stratagem.strategies import LayoutSharding, TakesMeshLayout
 from stratagem_fsdp.options import ShardingLayout
 from stratagem_fsdp.strategy import FSDPStrategy
+from stratagem_fsdp.tp_plan import (
+    TensorParallelPlan,
+    apply_tp_plan,
+    check_declared_heads,
+    check_heads_split_evenly,
+    check_num_heads,
+    check_tp_plan,
+)
+from stratagem_fsdp.wrapping import sharded_root_of
 
 # FSDPStrategy's options that a layout replaces, and what replaces them.
 _LAYOUT_OPTIONS = {"sharding_strategy": "dp_replicate= and dp_shard=", "device_mesh": "dp_replicate= and dp_shard="}
 
 
-class ModelParallelStrategy(FSDPStrategy):
+class ModelParallelStrategy(FSDPStrategy, TakesMeshLayout):
     """Data, fully sharded and tensor parallelism composed on one device mesh (``dp_replicate x dp_shard x tp``).
 
     Each worker builds the mesh of :class:`stratagem.mesh.MeshLayout` once; the module reads it in
     ``configure_model`` as ``self.device_mesh`` and splits its layers over ``self.device_mesh["tp"]``
     (``parallelize_module(self.model, self.device_mesh["tp"], plan)``, as with Lightning's
-    ``ModelParallelStrategy``). ``setup_module`` then applies, in this order, activation
+    ``ModelParallelStrategy``), or the strategy splits them by ``tp_plan``. ``setup_module`` then applies, in
+    this order, tensor parallelism (``tp_plan``), activation
     checkpointing (``activation_checkpointing_policy``) and ``fully_shard`` over the ``"dp_shard"``
     submesh, or over ``("dp_replicate", "dp_shard")`` (HSDP) when ``dp_replicate > 1``, per unit of
     ``auto_wrap_policy`` and at the root. The sampler splits data over the ``"dp"`` ranks only, logged
@@ -41,6 +51,12 @@ class ModelParallelStrategy(FSDPStrategy):
       leave. Left out, ``tp`` is the devices per node and ``dp_shard`` the rest (Lightning's ``"auto"``).
     - ``data_parallel_size``, ``tensor_parallel_size``: Lightning's names for ``dp_shard`` and ``tp``.
     - ``save_distributed_checkpoint``: Lightning's name; ``False`` means ``state_dict_type="full"``.
+    - ``tp_plan``: module name patterns mapped to ``"colwise"``, ``"rowwise"``, ``"sequence_parallel"`` or a
+      torch ``ParallelStyle`` (:mod:`stratagem_fsdp.tp_plan`); a pattern that matches no module is an error.
+    - ``num_heads``: the model's attention heads (a tuple for attention and key/value heads), checked against
+      ``tp`` in the calling process. Undeclared, heads are checked on every rank before ``fully_shard``: a
+      module declaring them (``num_heads``, ``n_head``, ``num_attention_heads``, ... or a ``config`` holding
+      them) whose projections are split over ``"tp"`` must have a head count that ``tp`` divides.
     - :class:`~stratagem_fsdp.FSDPStrategy`'s other options (``activation_checkpointing_policy``,
       ``auto_wrap_policy``, ``mixed_precision``, ``cpu_offload``, ``state_dict_type``, ...) and those of
       every :class:`~stratagem.strategies.ParallelStrategy`.
@@ -58,6 +74,8 @@ class ModelParallelStrategy(FSDPStrategy):
         data_parallel_size: Degree | None = None,
         tensor_parallel_size: Degree | None = None,
         save_distributed_checkpoint: bool | None = None,
+        tp_plan: TensorParallelPlan | None = None,
+        num_heads: int | tuple[int, ...] | None = None,
         **options: Any,
     ) -> None:
         for name, replacement in _LAYOUT_OPTIONS.items():
@@ -74,12 +92,25 @@ class ModelParallelStrategy(FSDPStrategy):
                     "state_dict_type=; pass only state_dict_type ('sharded' or 'full')."
                 )
             options["state_dict_type"] = "sharded" if save_distributed_checkpoint else "full"
+        self.tp_plan = None if tp_plan is None else check_tp_plan(tp_plan)
+        self.num_heads = None if num_heads is None else check_num_heads(num_heads)
         super().__init__(**options)
         # Neither given: Lightning's default, tensor parallel within a node (its size known once configured).
         self._tp_from_devices = dp_shard is None and tp is None
+        self._layout_given = not self._tp_from_devices or dp_replicate != 1
         if self._tp_from_devices:
             tp = 1
         self._mesh_layout = MeshLayout(dp_replicate, -1 if dp_shard is None else dp_shard, -1 if tp is None else tp)
+
+    mesh_dimensions: ClassVar[frozenset[str]] = frozenset({"dp_replicate", "dp_shard", "tp"})
+
+    def use_layout(self, layout: MeshLayout) -> None:
+        if self._layout_given and layout != self._mesh_layout:
+            raise ValueError(
+                f"layout=({layout}) disagrees with the layout ModelParallelStrategy was constructed with "
+                f"({self._mesh_layout}); give the sizes once."
+            )
+        self._mesh_layout, self._tp_from_devices = layout, False
 
     def configure_placement(
         self, *, devices: list[torch.device], num_nodes: int, cluster_environment: ClusterEnvironment
@@ -88,6 +119,8 @@ class ModelParallelStrategy(FSDPStrategy):
             per_node = len(self.parallel_devices or devices)
             self._mesh_layout = MeshLayout(self._mesh_layout.dp_replicate, -1, per_node)
         super().configure_placement(devices=devices, num_nodes=num_nodes, cluster_environment=cluster_environment)
+        if self.num_heads is not None:
+            check_declared_heads(self.num_heads, int(self._resolved_layout.tp))
 
     def layout_sharding(self, devices_per_node: int) -> LayoutSharding:
         layout = self._mesh_layout
@@ -131,6 +164,10 @@ class ModelParallelStrategy(FSDPStrategy):
             yield
 
     def setup_module(self, module: nn.Module) -> nn.Module:
+        if sharded_root_of(module) is None:
+            if self.tp_plan is not None:
+                apply_tp_plan(module, self.device_mesh["tp"], self.tp_plan)
+            check_heads_split_evenly(module, int(self._resolved_layout.tp))
         self._agree_on_split_tensors(module)
         return super().setup_module(module)
 

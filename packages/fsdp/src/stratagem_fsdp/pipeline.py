@@ -7,7 +7,7 @@ import contextlib
 import math
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, Literal, cast
+from typing import Any, ClassVar, Literal, cast
 
 import torch
 import torch.distributed as dist
@@ -21,6 +21,7 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.optim import Optimizer
 
 from stratagem.checkpoint_io import LazyCheckpoint, read_full_checkpoint
+from stratagem.checkpoint_io.optimizer_state import parameter_names, to_name_keyed
 from stratagem.mesh import Degree, MeshLayout
 from stratagem.pipelining.engine import PipelineEngine
 from stratagem.pipelining.memory import PipelineShape, pipeline_estimate
@@ -44,7 +45,6 @@ from stratagem.strategies.compilation import strip_compile_prefix
 from stratagem.strategies.gradient_norm import clip_gradients_by_norm
 from stratagem.strategies.rank_zero_build import rank_zero_build, refuse_differently_built
 from stratagem_fsdp.model_parallel import ModelParallelStrategy
-from stratagem_fsdp.optimizer_state import parameter_names, to_name_keyed
 from stratagem_fsdp.options import mixed_precision_policy
 
 _LOSS_HOOK = "pipeline_loss"
@@ -90,6 +90,8 @@ class PipelineStrategy(ModelParallelStrategy, OwnsTrainingStep, RebuildsDataLoad
     Checkpoints are sharded (``torch.distributed.checkpoint``): every rank writes its stage under the whole
     model's names, so that any strategy and layout reads them.
     """
+
+    mesh_dimensions: ClassVar[frozenset[str]] = frozenset({"pp", "dp_replicate", "dp_shard"})
 
     def __init__(
         self,

@@ -37,18 +37,3 @@ def register_strategies(registry: Registry) -> None:
         "1f1b, interleaved, zero bubble); each stage fully sharded over dp_shard. pp x dp_replicate x dp_shard.",
         requires=_REQUIRES,
     )
-
-
-def register_checkpoint_io(registry: Registry) -> None:
-    registry.register(
-        "distributed_checkpoint",
-        "stratagem_fsdp.checkpoint_io:DistributedCheckpointIO",
-        description="torch.distributed.checkpoint directories: each rank writes its shards; any strategy reads them.",
-        requires=_REQUIRES,
-    )
-    registry.register(
-        "async_distributed_checkpoint",
-        "stratagem_fsdp.async_checkpoint_io:AsyncDistributedCheckpointIO",
-        description="distributed_checkpoint written in the background (DCP's async_save); fsdp's plugins='async'.",
-        requires=_REQUIRES,
-    )

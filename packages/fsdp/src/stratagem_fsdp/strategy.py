@@ -35,7 +35,10 @@ from stratagem.checkpoint_io import (
     read_full_checkpoint,
 )
 from stratagem.checkpoint_io.async_io import AsyncCheckpointIO
+from stratagem.checkpoint_io.async_sharded import AsyncDistributedCheckpointIO
+from stratagem.checkpoint_io.optimizer_state import parameter_names, to_index_keyed, to_name_keyed
 from stratagem.checkpoint_io.safetensors_import import SafetensorsWeights, copy_whole, load_pretrained_weights
+from stratagem.checkpoint_io.sharded import DistributedCheckpointIO
 from stratagem.strategies import (
     BackwardSyncControl,
     BlockPolicy,
@@ -45,6 +48,7 @@ from stratagem.strategies import (
     ParallelStrategy,
     RehearsesSetup,
     check_release_host_memory,
+    host_memory_is_tight,
     release_freed_host_memory,
     releases_host_memory,
     skip_parameter_init,
@@ -53,11 +57,8 @@ from stratagem.strategies import (
 from stratagem.strategies.compilation import strip_compile_prefix
 from stratagem.strategies.memory import TrainingState
 from stratagem.strategies.rank_zero_build import rank_zero_build, refuse_differently_built, refuse_meta_attributes
-from stratagem_fsdp.async_checkpoint_io import AsyncDistributedCheckpointIO
-from stratagem_fsdp.checkpoint_io import DistributedCheckpointIO
 from stratagem_fsdp.materialize import allocate, has_meta_tensors
-from stratagem_fsdp.memory import RELEASING_STEP_TIME, fsdp_estimate, gathered_bytes
-from stratagem_fsdp.optimizer_state import parameter_names, to_index_keyed, to_name_keyed
+from stratagem_fsdp.memory import RELEASING_STEP_TIME, built_footprint, fsdp_estimate, gathered_bytes
 from stratagem_fsdp.options import (
     ModulePolicy,
     ModuleSelector,
@@ -140,6 +141,8 @@ class FSDPStrategy(ParallelStrategy, BackwardSyncControl, RehearsesSetup):
         self._device_mesh: DeviceMesh | None = None
         self._weights_will_be_loaded = False
         self._rank_zero_values = RankZeroValues()
+        # Decided in setup_module for release_host_memory=None: whether this rank releases freed memory.
+        self._host_memory_tight = False
 
     def complete_configuration(self) -> None:
         if self.state_dict_type == "sharded" and _is_plain_async(self._checkpoint_io):
@@ -152,7 +155,7 @@ class FSDPStrategy(ParallelStrategy, BackwardSyncControl, RehearsesSetup):
 
     def estimate_memory(self, footprint: ModelFootprint) -> MemoryEstimate:
         estimate = fsdp_estimate(footprint, self._configured_layout, self._auto_wrap, offload=bool(self.cpu_offload))
-        if self.releases_host_memory:
+        if self._releases_for(estimate):
             estimate = replace(estimate, relative_step_time=estimate.relative_step_time * RELEASING_STEP_TIME)
         return estimate
 
@@ -191,8 +194,17 @@ class FSDPStrategy(ParallelStrategy, BackwardSyncControl, RehearsesSetup):
 
     @property
     def releases_host_memory(self) -> bool:
-        """Whether each rank has the allocator return freed tensors' memory at once (``release_host_memory``;
-        by default on the CPU accelerator, see :func:`stratagem.strategies.releases_host_memory`)."""
+        """Whether each rank has the allocator return freed tensors' memory at once: as ``release_host_memory``
+        says; left ``None``, on the CPU accelerator only once ``setup_module`` found host memory tight for the
+        module (:func:`stratagem.strategies.host_memory_is_tight`), since releasing slows every step."""
+        if self._release_host_memory is None and self.accelerator.device_type == "cpu":
+            return self._host_memory_tight
+        return releases_host_memory(self._release_host_memory, self.accelerator.device_type)
+
+    def _releases_for(self, estimate: MemoryEstimate) -> bool:
+        """Whether a rank holding ``estimate`` releases freed memory (the decision ``setup_module`` makes)."""
+        if self._release_host_memory is None and self.accelerator.device_type == "cpu":
+            return host_memory_is_tight(estimate.memory_bytes(device_is_host=True), self.num_processes)
         return releases_host_memory(self._release_host_memory, self.accelerator.device_type)
 
     @property
@@ -234,7 +246,7 @@ class FSDPStrategy(ParallelStrategy, BackwardSyncControl, RehearsesSetup):
 
     def setup_environment(self) -> None:
         super().setup_environment()
-        if self.releases_host_memory:
+        if self._release_host_memory:
             release_freed_host_memory()
         self._device_mesh = self._create_device_mesh()
         self._make_grad_scaler_shard_aware()
@@ -290,6 +302,11 @@ class FSDPStrategy(ParallelStrategy, BackwardSyncControl, RehearsesSetup):
             self._module, self._model = module, root
             return root
         module = self.precision.convert_module(module)
+        if self._release_host_memory is None and not self._host_memory_tight:
+            # Before sharding: the shards and the step's temporaries are what the allocator would keep.
+            estimate = fsdp_estimate(built_footprint(module), self._configured_layout, self._auto_wrap, False)
+            if self._releases_for(estimate):
+                self._host_memory_tight = release_freed_host_memory()
         if self._activation_checkpointing is not None:
             apply_activation_checkpointing(module, self._activation_checkpointing)
         unit_kwargs, root_kwargs = self._fully_shard_arguments(

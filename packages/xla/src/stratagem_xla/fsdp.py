@@ -12,7 +12,7 @@ from torch import nn
 from torch.optim import Optimizer
 
 from stratagem.accelerators import Accelerator
-from stratagem.checkpoint_io import PathLike, move_into_place, temporary_sibling
+from stratagem.checkpoint_io import PathLike, write_staged
 from stratagem.precision import Precision
 from stratagem_xla.checkpoint_io import SHARD_FILE, XLAShardedCheckpointIO, shard_files, to_cpu
 from stratagem_xla.parallel import XLAStrategy
@@ -107,13 +107,8 @@ class XLAFSDPStrategy(XLAStrategy):
             "shard_metadata": self.model.get_shard_metadata(),  # type: ignore[operator]
             **to_cpu(rest if self.is_global_zero else {"optimizers": rest.get("optimizers")}),
         }
-        target = Path(path)
-        staging = Path(self.broadcast(str(temporary_sibling(target)) if self.is_global_zero else None))
-        staging.mkdir(parents=True, exist_ok=True)
-        self.barrier("xla_fsdp checkpoint directory")
-        torch.save(shard, staging / SHARD_FILE.format(rank=self.global_rank, world_size=self.world_size))
-        self.barrier("xla_fsdp shards written")
-        self.write_on_rank_zero(lambda: move_into_place(staging, target), f"save {path}")
+        name = SHARD_FILE.format(rank=self.global_rank, world_size=self.world_size)
+        write_staged(Path(path), self, lambda staging: torch.save(shard, staging / name))
 
     def load_checkpoint(
         self, path: PathLike, state: dict[str, Any], strict: bool = True, weights_only: bool = True

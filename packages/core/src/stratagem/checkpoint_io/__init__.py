@@ -16,12 +16,14 @@ from stratagem.checkpoint_io.confined import (
 from stratagem.checkpoint_io.errors import CheckpointError
 from stratagem.checkpoint_io.lazy import LazyCheckpoint
 from stratagem.checkpoint_io.readers import check_checkpoint, read_full_checkpoint
+from stratagem.checkpoint_io.staging import CheckpointRanks, write_staged
 from stratagem.checkpoint_io.torch_files import explain_load_failure, load_torch_file
 from stratagem.checkpoint_io.torch_io import TorchCheckpointIO
 
 __all__ = [
     "CheckpointError",
     "CheckpointIO",
+    "CheckpointRanks",
     "LazyCheckpoint",
     "PathLike",
     "TorchCheckpointIO",
@@ -37,4 +39,5 @@ __all__ = [
     "remove_stale_temporaries",
     "temporary_sibling",
     "temporary_siblings",
+    "write_staged",
 ]

@@ -72,3 +72,13 @@ def register_checkpoint_io(registry: Registry) -> None:
         "stratagem.checkpoint_io.async_io:AsyncCheckpointIO",
         description="Saves in a background thread; waits at teardown and re-raises errors.",
     )
+    registry.register(
+        "distributed_checkpoint",
+        "stratagem.checkpoint_io.sharded:DistributedCheckpointIO",
+        description="torch.distributed.checkpoint directories: each rank writes its shards; any strategy reads them.",
+    )
+    registry.register(
+        "async_distributed_checkpoint",
+        "stratagem.checkpoint_io.async_sharded:AsyncDistributedCheckpointIO",
+        description="distributed_checkpoint written in the background (DCP's async_save); fsdp's plugins='async'.",
+    )

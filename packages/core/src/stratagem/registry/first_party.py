@@ -56,7 +56,6 @@ PACKAGES: tuple[FirstPartyPackage, ...] = (
         distribution="stratagem-fsdp",
         names={
             "strategy": ("fsdp", "fsdp_cpu_offload", "fsdp_spawn", "fsdp_fork", "model_parallel", "pipeline"),
-            "checkpoint IO": ("distributed_checkpoint", "async_distributed_checkpoint"),
         },
     ),
     FirstPartyPackage(

@@ -12,10 +12,12 @@ from stratagem.strategies.capabilities import (
     RehearsesSetup,
     StepBoundary,
     StepBoundaryListener,
+    TakesMeshLayout,
 )
 from stratagem.strategies.compilation import BlockPolicy, CompileSettings
 from stratagem.strategies.host_allocator import (
     check_release_host_memory,
+    host_memory_is_tight,
     release_freed_host_memory,
     releases_host_memory,
 )
@@ -49,7 +51,9 @@ __all__ = [
     "StepBoundaryListener",
     "Strategy",
     "StrategyOptions",
+    "TakesMeshLayout",
     "check_release_host_memory",
+    "host_memory_is_tight",
     "release_freed_host_memory",
     "releases_host_memory",
     "replicated_estimate",

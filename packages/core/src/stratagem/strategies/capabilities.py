@@ -13,7 +13,10 @@ import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
+
+if TYPE_CHECKING:
+    from stratagem.mesh import MeshLayout
 
 
 class BackwardSyncControl(ABC):
@@ -165,6 +168,24 @@ class RehearsesSetup(ABC):
         plan) over ``device_mesh`` (named ``dp_replicate``, ``dp_shard``, ``tp``, ... as :mod:`stratagem.mesh`
         builds it) as :meth:`Strategy.setup_module` would, without allocating or moving any tensor; return the
         module the run would train."""
+
+
+class TakesMeshLayout(ABC):
+    """A strategy that runs a :class:`~stratagem.mesh.MeshLayout` given as ``resolve(layout=...)`` (and
+    ``Trainer(layout=...)``).
+
+    Unlike the abilities above, this one is used in the calling process: ``resolve`` hands the layout to
+    :meth:`use_layout` before the strategy is configured, and refuses, naming the sizes, a layout given to a
+    strategy without this ability, or one that makes a dimension outside :attr:`mesh_dimensions` larger than 1.
+    """
+
+    mesh_dimensions: ClassVar[frozenset[str]]
+    """The layout's dimensions this strategy can spread over more than one rank."""
+
+    @abstractmethod
+    def use_layout(self, layout: MeshLayout) -> None:
+        """Run ``layout`` (not yet resolved against the world size: ``-1`` takes the ranks that are left).
+        Raises ``ValueError`` when it conflicts with a layout the strategy was constructed with."""
 
 
 def adopt_legacy_capabilities(cls: type) -> None:

@@ -59,6 +59,29 @@ def releases_host_memory(option: bool | None, device_type: str) -> bool:
     return option if option is not None else device_type == "cpu"
 
 
+TIGHT_SHARE = 0.5
+"""Host memory is tight when the ranks of one machine would need more than this share of what it has available."""
+
+
+def host_memory_is_tight(bytes_per_rank: int, ranks_on_host: int) -> bool:
+    """Whether ``ranks_on_host`` ranks needing ``bytes_per_rank`` each would take more than :data:`TIGHT_SHARE` of
+    the host memory available now (``MemAvailable``); ``False`` where that is not known (not Linux)."""
+    available = available_host_bytes()
+    return available is not None and bytes_per_rank * ranks_on_host > TIGHT_SHARE * available
+
+
+def available_host_bytes() -> int | None:
+    """The memory the system could hand out now without swapping (Linux's ``MemAvailable``), else ``None``."""
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
 def glibc() -> ctypes.CDLL | None:
     """This process's C library where it is glibc (whose ``mallopt`` takes ``M_MMAP_THRESHOLD``), else ``None``."""
     if not sys.platform.startswith("linux"):

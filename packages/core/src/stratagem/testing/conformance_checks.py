@@ -284,6 +284,9 @@ def run_checks(settings: Settings, workdir: Path) -> dict[str, dict[str, Any]]:
         state["exact"] = bool(resolved.precision.exact)
         state["handles_accumulation"] = isinstance(resolved, OwnsAccumulation)
         state["owns_step"] = isinstance(resolved, OwnsTrainingStep)
+        # The ranks that read different batches: fewer than the devices where some split a model (tensor parallel).
+        sampling = resolved.distributed_sampler_kwargs
+        state["data_ranks"] = settings.devices if sampling is None else sampling["num_replicas"]
         return (
             f"{type(resolved).__name__} with launcher {type(resolved.launcher).__name__}; precision "
             f"{resolved.precision.name!r} is {'exact' if state['exact'] else 'not exact (Precision.exact=False)'}"
@@ -404,7 +407,7 @@ def run_checks(settings: Settings, workdir: Path) -> dict[str, dict[str, Any]]:
             raise CheckSkipped(
                 "not compared with single_device: tolerance=None (the strategy changes numerics on purpose)"
             )
-        reference = single_device_fit(BATCH_PER_RANK * settings.devices, max_steps=steps)
+        reference = single_device_fit(BATCH_PER_RANK * state["data_ranks"], max_steps=steps)
         worst = _largest_difference(state["fitted"], reference)
         if worst > settings.tolerance:
             raise AssertionError(
@@ -443,7 +446,7 @@ def run_checks(settings: Settings, workdir: Path) -> dict[str, dict[str, Any]]:
         )
         raise_unless_ranks_agree(observer.records["end"], "After accumulating 2 batches per step")
         accumulated = loaded_into_single_device(checkpoint_path(accumulated_dir, windows))
-        reference = single_device_fit(2 * BATCH_PER_RANK * settings.devices, max_steps=windows)
+        reference = single_device_fit(2 * BATCH_PER_RANK * state["data_ranks"], max_steps=windows)
         state["accumulation_reference"] = reference
         worst = _largest_difference(accumulated, reference)
         if worst > settings.tolerance:

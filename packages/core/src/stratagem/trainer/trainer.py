@@ -22,6 +22,7 @@ from stratagem.checkpoint_io import PathLike
 from stratagem.connector import Plugin, auto_strategy_name, resolve
 from stratagem.loggers.csv_logger import CSVLogger
 from stratagem.loggers.logger import Logger
+from stratagem.mesh import Degree, MeshLayout
 from stratagem.module import Module
 from stratagem.planning.auto import AutoRequest, choice_for_workers, choose_strategy
 from stratagem.runtime.lifecycle import StrategyLifecycle
@@ -53,7 +54,7 @@ class Trainer:
     """Fits, validates, tests and predicts with a :class:`~stratagem.Module` on any registered strategy.
 
     Construction resolves ``accelerator``/``strategy``/``devices``/``num_nodes``/``precision``/
-    ``plugins`` through :func:`stratagem.resolve` and checks every loop option, so a bad value
+    ``plugins``/``layout`` through :func:`stratagem.resolve` and checks every loop option, so a bad value
     fails here, before any process starts. The loops only call strategy methods; they never
     look at which strategy runs. ``precision=None`` means the precision of a strategy instance or
     precision plugin, else ``"32-true"``.
@@ -91,6 +92,7 @@ class Trainer:
         num_nodes: int = 1,
         precision: str | int | None = None,
         plugins: Plugin | Iterable[Plugin] | None = None,
+        layout: MeshLayout | dict[str, Degree] | str | None = None,
         max_epochs: int | None = None,
         max_steps: int = -1,
         limit_train_batches: int | float = 1.0,
@@ -130,6 +132,7 @@ class Trainer:
             num_nodes=num_nodes,
             precision=precision,
             plugins=plugins,
+            layout=layout,
         )
         # "auto" is settled by the first fit, which sees the model: see _plan_strategy.
         self._auto_request = (

@@ -4,7 +4,7 @@ torch's ``FileSystemReader.read_metadata`` unpickles the file with plain :mod:`p
 ``.metadata`` would run its payload on any load, whatever ``weights_only`` says. Here the pickle may
 name only the metadata dataclasses of ``torch.distributed.checkpoint`` (as torch 2.x writes them),
 ``torch.Size``, torch dtypes and layouts, and paths; anything else is refused with its name. What the
-metadata declares is then checked against the checkpoint's files (:mod:`stratagem_fsdp.dcp_layout`).
+metadata declares is then checked against the checkpoint's files (:mod:`stratagem.checkpoint_io.dcp_layout`).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from torch.distributed.checkpoint.metadata import (
 from torch.serialization import _get_layout
 
 from stratagem.checkpoint_io import CheckpointError
-from stratagem_fsdp.dcp_layout import check_layout
+from stratagem.checkpoint_io.dcp_layout import check_layout
 
 _ALLOWED: dict[tuple[str, str], Any] = {
     **{("pathlib", path.__name__): path for path in (PosixPath, WindowsPath, PurePosixPath, PureWindowsPath)},

@@ -7,7 +7,6 @@ first ``OSError`` with the file's name, and the save re-raises that one instead.
 
 from __future__ import annotations
 
-import errno
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -15,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.distributed.checkpoint import CheckpointException, FileSystemWriter
+from torch.distributed.checkpoint import FileSystemWriter
 from torch.distributed.checkpoint.filesystem import FileSystem
 
 
@@ -108,25 +107,3 @@ def save_file(value: Any, path: Path) -> None:
         if recorder.error is None or recorder.error is error:
             raise
         raise recorder.error from error
-
-
-def write_failure(target: Path, error: BaseException) -> OSError | None:
-    """An ``OSError`` saying that writing the checkpoint ``target`` failed, and why, when ``error`` (or a
-    rank's failure that DCP gathered into it) is one; ``None`` otherwise."""
-    causes = [error]
-    if isinstance(error, CheckpointException):
-        causes += [failure[0] if isinstance(failure, tuple) else failure for failure in error.failures.values()]
-    cause = next((item for item in causes if isinstance(item, OSError) and item.errno is not None), None)
-    if cause is None or cause.errno is None:
-        return None
-    where = f" while writing {cause.filename!r}" if cause.filename else ""
-    reason = (
-        "the disk is full (ENOSPC: no space left on device)"
-        if cause.errno == errno.ENOSPC
-        else f"{cause.strerror} ({errno.errorcode.get(cause.errno, cause.errno)})"
-    )
-    return OSError(
-        cause.errno,
-        f"Writing the checkpoint {str(target)!r} failed: {reason}{where}. Nothing was replaced: a checkpoint "
-        "already at that path is intact, and the partial files were removed.",
-    )

@@ -59,7 +59,7 @@ def parameter_names(module: nn.Module, optimizer: Optimizer) -> list[str]:
         for parameter in group["params"]:
             if id(parameter) not in name_of:
                 raise ValueError(
-                    "An optimizer steps a parameter that is not part of the module set up by FSDPStrategy. Create "
+                    "An optimizer steps a parameter that is not part of the module the strategy set up. Create "
                     "optimizers from the module's parameters after setup (in configure_optimizers)."
                 )
             names.append(name_of[id(parameter)])

@@ -14,13 +14,8 @@ from torch.distributed.checkpoint import CheckpointException, FileSystemWriter
 from torch.utils._pytree import tree_map
 
 from stratagem.checkpoint_io import PathLike, move_into_place
-from stratagem_fsdp.checkpoint_io import (
-    PLAIN_STATE_FILE,
-    DistributedCheckpointIO,
-    _group_ready,
-    _is_sharded_state,
-    _staging_directory,
-)
+from stratagem.checkpoint_io.sharded import PLAIN_STATE_FILE, DistributedCheckpointIO, is_sharded_state
+from stratagem.checkpoint_io.staging import ProcessGroupRanks, staging_directory
 
 
 class AsyncDistributedCheckpointIO(DistributedCheckpointIO):
@@ -50,16 +45,16 @@ class AsyncDistributedCheckpointIO(DistributedCheckpointIO):
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: PathLike) -> None:
         self.wait()
-        if not _group_ready():
+        if not ProcessGroupRanks.grouped():
             # One process: nothing to overlap with collectives, and nobody else to tell of a failure later.
             super().save_checkpoint(checkpoint, path)
             return
         target = Path(path)
         # New containers: the optimizer's param_groups may change while the thread pickles them.
-        sharded = tree_map(lambda value: value, {key: v for key, v in checkpoint.items() if _is_sharded_state(v)})
+        sharded = tree_map(lambda value: value, {key: v for key, v in checkpoint.items() if is_sharded_state(v)})
         plain = {key: value for key, value in checkpoint.items() if key not in sharded}
         is_writer = dist.get_rank() == 0
-        staging = _staging_directory(target, create=is_writer, grouped=True)
+        staging = staging_directory(target, ProcessGroupRanks())
         group = self._own_group()
         try:
             written = dcp.async_save(sharded, storage_writer=FileSystemWriter(staging), process_group=group)
@@ -106,7 +101,7 @@ class AsyncDistributedCheckpointIO(DistributedCheckpointIO):
             if self._executor is not None:
                 self._executor.shutdown(wait=True)
                 self._executor = None
-            if self._group is not None and _group_ready():
+            if self._group is not None and ProcessGroupRanks.grouped():
                 dist.destroy_process_group(self._group)
             self._group = None
 

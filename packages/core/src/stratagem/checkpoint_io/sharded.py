@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import io
-import shutil
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -12,7 +11,6 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
-import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import CheckpointException, DefaultLoadPlanner, FileSystemReader
 from torch.distributed.checkpoint._traverse import set_element
@@ -28,13 +26,12 @@ from stratagem.checkpoint_io import (
     checkpoint_files,
     explain_load_failure,
     load_torch_file,
-    move_into_place,
     optional_checkpoint_file,
-    temporary_sibling,
 )
-from stratagem_fsdp.dcp_metadata import read_metadata
-from stratagem_fsdp.dcp_writes import FailedWritesNamedWriter, save_file, write_failure
-from stratagem_fsdp.optimizer_state import is_name_keyed, to_index_keyed
+from stratagem.checkpoint_io.dcp_metadata import read_metadata
+from stratagem.checkpoint_io.dcp_writes import FailedWritesNamedWriter, save_file
+from stratagem.checkpoint_io.optimizer_state import is_name_keyed, to_index_keyed
+from stratagem.checkpoint_io.staging import ProcessGroupRanks, write_staged
 
 METADATA_FILE = ".metadata"
 PLAIN_STATE_FILE = "plain_state.pt"
@@ -53,7 +50,7 @@ class DistributedCheckpointIO(CheckpointIO):
     process group and returns everything whole (each DCP-stored entry read when first taken), with
     optimizer states in the plain
     ``Optimizer.state_dict()`` layout, so any strategy loads it. With ``weights_only`` (the default)
-    nothing read runs code: DCP's ``.metadata`` pickle is read by :mod:`stratagem_fsdp.dcp_metadata`,
+    nothing read runs code: DCP's ``.metadata`` pickle is read by :mod:`stratagem.checkpoint_io.dcp_metadata`,
     tensors and plain entries by weights-only ``torch.load``. A file that cannot be read raises
     :class:`~stratagem.checkpoint_io.CheckpointError`.
     """
@@ -61,36 +58,17 @@ class DistributedCheckpointIO(CheckpointIO):
     writes_collectively: ClassVar[bool] = True
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: PathLike) -> None:
-        target = Path(path)
-        sharded = {key: value for key, value in checkpoint.items() if _is_sharded_state(value)}
+        sharded = {key: value for key, value in checkpoint.items() if is_sharded_state(value)}
         plain = {key: value for key, value in checkpoint.items() if key not in sharded}
-        grouped = _group_ready()
-        is_writer = not grouped or dist.get_rank() == 0
-        staging = _staging_directory(target, create=is_writer, grouped=grouped)
-        try:
+        grouped = ProcessGroupRanks.grouped()
+
+        def write_shards(staging: Path) -> None:
             with _quiet_single_process_warning():
                 dcp.save(sharded, storage_writer=FailedWritesNamedWriter(staging), no_dist=not grouped)
-        except BaseException as error:
-            if is_writer:
-                shutil.rmtree(staging, ignore_errors=True)
-            explained = write_failure(target, error)
-            if explained is None:
-                raise
-            raise explained from error
-        failure: BaseException | None = None
-        if is_writer:
-            try:
-                # move_into_place fsyncs every file of the directory before it takes the name.
-                save_file(plain, staging / PLAIN_STATE_FILE)
-                move_into_place(staging, target)
-            except BaseException as error:
-                shutil.rmtree(staging, ignore_errors=True)
-                failure = write_failure(target, error) or error
-        outcome = _broadcast(None if failure is None else f"{type(failure).__name__}: {failure}", grouped)
-        if failure is not None:
-            raise failure
-        if outcome is not None:
-            raise RuntimeError(f"Writing the checkpoint {str(target)!r} failed on rank 0: {outcome}")
+
+        write_staged(
+            Path(path), ProcessGroupRanks(), write_shards, lambda staging: save_file(plain, staging / PLAIN_STATE_FILE)
+        )
 
     def load_checkpoint(
         self,
@@ -116,7 +94,7 @@ class DistributedCheckpointIO(CheckpointIO):
         directory = _existing_checkpoint(path)
         reader = _reader(directory, weights_only)
         planner = _CheckedLoadPlanner(weights_only=weights_only, allow_partial_load=not strict)
-        _load(directory, template, reader, planner, no_dist=not _group_ready())
+        _load(directory, template, reader, planner, no_dist=not ProcessGroupRanks.grouped())
         unrequested = [key for key in _top_level_keys(reader) if key not in template]
         return _entries(directory, unrequested, weights_only, device=None)
 
@@ -279,7 +257,7 @@ def _existing_checkpoint(path: PathLike) -> Path:
     return directory
 
 
-def _is_sharded_state(value: object) -> bool:
+def is_sharded_state(value: object) -> bool:
     """Model state dicts and optimizer states (or lists of them): what DCP stores and reshards."""
     if _is_optimizer_state(value):
         return True
@@ -310,28 +288,6 @@ def _move(value: Any, device: torch.device) -> Any:
     from torch.utils._pytree import tree_map
 
     return tree_map(lambda item: item.to(device) if isinstance(item, torch.Tensor) else item, value)
-
-
-def _group_ready() -> bool:
-    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
-
-
-def _broadcast(value: Any, grouped: bool) -> Any:
-    if not grouped:
-        return value
-    holder = [value]
-    dist.broadcast_object_list(holder, src=0)
-    return holder[0]
-
-
-def _staging_directory(target: Path, create: bool, grouped: bool) -> Path:
-    """A fresh directory beside ``target``, made by rank 0; every rank gets its name."""
-    name = None
-    if create:
-        staging = temporary_sibling(target)
-        staging.mkdir(parents=True)
-        name = str(staging)
-    return Path(_broadcast(name, grouped))
 
 
 @contextmanager

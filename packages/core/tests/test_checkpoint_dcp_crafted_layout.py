@@ -8,11 +8,10 @@ import pickle
 import pytest
 import torch
 
-from stratagem.checkpoint_io import CheckpointError, TorchCheckpointIO, read_full_checkpoint
+from stratagem.checkpoint_io import CheckpointError, TorchCheckpointIO, dcp_layout, read_full_checkpoint
+from stratagem.checkpoint_io.dcp_metadata import read_metadata
+from stratagem.checkpoint_io.sharded import METADATA_FILE, DistributedCheckpointIO
 from stratagem.cli.main import main
-from stratagem_fsdp import dcp_layout
-from stratagem_fsdp.checkpoint_io import METADATA_FILE, DistributedCheckpointIO
-from stratagem_fsdp.dcp_metadata import read_metadata
 
 WEIGHT = "module.weight"
 
