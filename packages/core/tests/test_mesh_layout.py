@@ -68,7 +68,7 @@ def test_a_layout_is_given_as_text_a_dict_or_a_layout_alike():
 @pytest.mark.parametrize(
     ("value", "message"),
     [
-        ("dp_shard=2,tensor=2", r"names tensor; its dimensions are dp_replicate, dp_shard, tp"),
+        ("dp_shard=2,tensor=2", r"names tensor; its dimensions are pp, dp_replicate, dp_shard, tp"),
         ("tp:2", r"'tp:2' is not name=size"),
         ("tp=two", r"'two' is not a size"),
         (4, r"layout=4 is not a mesh layout"),
@@ -80,5 +80,5 @@ def test_a_layout_that_cannot_be_read_is_refused_naming_what_is_accepted(value, 
 
 
 def test_single_device_refuses_a_layout_in_the_calling_process_naming_the_sizes():
-    with pytest.raises(ValueError, match=r"layout=\(dp_replicate=1, dp_shard=1, tp=2\) cannot run under strategy="):
+    with pytest.raises(ValueError, match=r"layout=\(pp=1, dp_replicate=1, dp_shard=1, tp=2\) cannot run under strategy="):
         stratagem.resolve(strategy="single_device", accelerator="cpu", devices=1, layout={"dp_shard": 1, "tp": 2})

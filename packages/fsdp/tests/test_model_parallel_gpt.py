@@ -275,18 +275,20 @@ def test_declared_heads_that_tp_does_not_divide_are_refused_in_the_calling_proce
 @pytest.mark.parametrize("strategy", ["ddp", "single_device"])
 def test_a_layout_with_tp_under_a_strategy_without_a_mesh_is_refused_naming_the_sizes(strategy):
     devices = 1 if strategy == "single_device" else 2
-    with pytest.raises(ValueError, match=r"layout=\(dp_replicate=1, dp_shard=-1, tp=2\) cannot run under strategy="):
+    with pytest.raises(
+        ValueError, match=r"layout=\(pp=1, dp_replicate=1, dp_shard=-1, tp=2\) cannot run under strategy="
+    ):
         stratagem.resolve(strategy=strategy, layout="tp=2", accelerator="cpu", devices=devices)
 
 
 def test_a_layout_given_twice_must_agree():
-    with pytest.raises(ValueError, match=r"layout=\(dp_replicate=1, dp_shard=1, tp=4\) disagrees .* tp=2"):
+    with pytest.raises(ValueError, match=r"layout=\(pp=1, dp_replicate=1, dp_shard=1, tp=4\) disagrees .* tp=2"):
         stratagem.resolve(strategy=ModelParallelStrategy(tp=2), layout="dp_shard=1,tp=4", accelerator="cpu", devices=4)
 
 
 def test_resolve_takes_a_layout_as_text_for_model_parallel():
     strategy = stratagem.resolve(strategy="model_parallel", layout="dp_shard=2,tp=2", accelerator="cpu", devices=4)
-    assert strategy.mesh_layout.shape == (1, 2, 2)
+    assert strategy.mesh_layout.shape == (1, 1, 2, 2)
 
 
 @pytest.mark.parametrize(

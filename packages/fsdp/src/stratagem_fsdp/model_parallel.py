@@ -129,7 +129,10 @@ class ModelParallelStrategy(FSDPStrategy, TakesMeshLayout):
         if self._tp_from_devices:
             default["tp"] = devices_per_node
         return replace(
-            super().layout_sharding(devices_per_node), dimensions=layout.dim_names, default=default, options=None
+            super().layout_sharding(devices_per_node),
+            dimensions=tuple(name for name in layout.dim_names if name in self.mesh_dimensions),
+            default=default,
+            options=None,
         )
 
     def complete_configuration(self) -> None:
