@@ -79,8 +79,12 @@ class _Count(stratagem.callbacks.Callback):
     def __init__(self, out: Path, start_rss: int) -> None:
         self.out, self.start_rss = out, start_rss
         self.gradient_bytes = 0
+        self.setup_peak_rss = 0
 
     def on_train_start(self, trainer: Any, module: Any) -> None:
+        # The peak so far is the build's: the whole model each rank creates before its plan splits it, and setup.
+        self.setup_peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
         def count_gradients(optimizer: torch.optim.Optimizer, *_: Any) -> None:
             grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
             self.gradient_bytes = max(self.gradient_bytes, sum(_local_bytes(grad) for grad in grads))
@@ -99,6 +103,7 @@ class _Count(stratagem.callbacks.Callback):
             # AdamW's step counters are 0-d tensors: not what the planner counts as state per element.
             "optimizer_state_bytes": sum(_local_bytes(value) for value in state if value.dim() > 0),
             "start_rss_bytes": self.start_rss,
+            "setup_peak_rss_bytes": self.setup_peak_rss,
             "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
         }
         (self.out / f"rank{trainer.global_rank}.json").write_text(json.dumps(result))
@@ -190,7 +195,8 @@ def _print(result: dict[str, Any]) -> None:
             f"planned {planned['device_bytes'] / GIB:6.3f} GiB (activations {planned['activation_bytes'] / GIB:.3f}, "
             f"buffers {planned['buffer_bytes'] / GIB:.3f}), peak RSS {rank['peak_rss_bytes'] / GIB:.3f} less "
             f"{rank['start_rss_bytes'] / GIB:.3f} at start = {grown / GIB:.3f} "
-            f"({planned['device_bytes'] / grown - 1:+.0%})  {result['seconds']} s",
+            f"({planned['device_bytes'] / grown - 1:+.0%}; {rank['setup_peak_rss_bytes'] / GIB:.3f} by the first "
+            f"step)  {result['seconds']} s",
             flush=True,
         )
 
