@@ -122,3 +122,38 @@ def test_the_llama_plan_splits_what_torchtitan_splits_over_the_tp_ranks():
 def test_plan_for_a_cluster_names_a_bad_option(capsys, argv, message):
     assert main(["plan", "stratagem.demo.llama:LlamaModule", *argv]) == 2
     assert message in capsys.readouterr().err
+
+
+class _CountsItsBlocks(torch.nn.Module):
+    """Blocks alike, but a forward that fails unless all three run: the dry run must not report it."""
+
+    def __init__(self, blocks: int = 3, fail: bool = False) -> None:
+        super().__init__()
+        self.layers = torch.nn.ModuleList(torch.nn.Linear(4, 4) for _ in range(blocks))
+        self.fail = fail
+        self.seen: list[int] = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.seen.append(len(self.layers))
+        if self.fail:
+            raise RuntimeError("shape mismatch in block 0")
+        assert len(self.layers) == 3, "the model counts its blocks"
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+def test_the_dry_run_forward_runs_one_of_alike_blocks_and_confirms_a_failure_through_all():
+    from stratagem.planning.rehearsal import _split_forward_failure
+    from stratagem.precision import Precision
+
+    example = torch.zeros(2, 4)
+    with torch.device("meta"):
+        counting, failing = _CountsItsBlocks(), _CountsItsBlocks(fail=True)
+    assert _split_forward_failure(counting, example, Precision()) is None
+    assert counting.seen == [1, 3]
+    assert len(counting.layers) == 3
+    failure = _split_forward_failure(failing, example, Precision())
+    assert isinstance(failure, RuntimeError)
+    assert str(failure) == "shape mismatch in block 0"
+    assert failing.seen == [1, 3]

@@ -230,8 +230,8 @@ def test_plan_command_prints_every_strategy_and_the_choice(tmp_path, capsys):
     ("argv", "message"),
     [
         (["plan", "nocolon"], "expected package.module:Class"),
-        (["plan", "missing_file.py:Net"], "does not exist"),
-        (["plan", "torch.nn:Nope"], "no nn.Module class named 'Nope'"),
+        (["plan", "missing_file.py:Net"], "missing_file.py is not a file"),
+        (["plan", "torch.nn:Nope"], "torch.nn has no attribute 'Nope'"),
         (["plan", "torch.nn:Linear", "--init-args", "[1]"], "expected a JSON object"),
         (["plan", "torch.nn:Linear", "--init-args", '{"in_features": 1e400}'], "1e400 is beyond what a float holds"),
         (["plan", "torch.nn:Linear", "--init-args", '{"a": ' + "[" * 10_000 + "]" * 10_000 + "}"], "nested too deeply"),

@@ -33,9 +33,9 @@ def parse_json(text: str, origin: str) -> Any:
     except RecursionError:
         raise ValueError(f"{origin}: the JSON is nested too deeply (more than {MAX_NESTING} levels).") from None
     except json.JSONDecodeError as error:
-        raise ValueError(f"{origin}: the file is not valid JSON ({error}).") from None
+        raise ValueError(f"{origin}: not valid JSON ({error}).") from None
     except ValueError as error:  # an integer literal with more digits than Python converts
-        raise ValueError(f"{origin}: the file holds a value that cannot be read ({printable(error)}).") from None
+        raise ValueError(f"{origin}: holds a value that cannot be read ({printable(error)}).") from None
     check_config_values(loaded, origin)
     return loaded
 

@@ -57,3 +57,18 @@ def _escape(match: re.Match[str]) -> str:
         return named[character]
     code = ord(character)
     return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def raised_at(error: BaseException) -> str:
+    """``KeyError: 'x' (at model.py:12)``: the error's first line and the last line of code it passed through, for
+    a message about the user's own code failing that shows no traceback."""
+    import traceback
+    from pathlib import Path
+
+    if isinstance(error, SyntaxError) and error.filename:
+        return f"SyntaxError: {printable(error.msg)} (at {Path(error.filename).name}:{error.lineno})"
+    frames = traceback.extract_tb(error.__traceback__)
+    place = f" (at {Path(frames[-1].filename).name}:{frames[-1].lineno})" if frames else ""
+    lines = str(error).strip().splitlines()
+    message = f": {printable(lines[0])}" if lines else ""
+    return f"{type(error).__name__}{message}{place}"

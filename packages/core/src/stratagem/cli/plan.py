@@ -4,19 +4,13 @@ one ``strategy="auto"`` would choose, without training (the module is built on t
 from __future__ import annotations
 
 import argparse
-import importlib
-import importlib.util
 import json
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from stratagem.cli import plan_cluster
-from stratagem.config_values import parse_json
-from stratagem.printable import shown_repr
+from stratagem.cli.module_spec import build_module
 
 if TYPE_CHECKING:
-    from torch import nn
-
     from stratagem.planning import Plan
 
 
@@ -66,37 +60,6 @@ def run(args: argparse.Namespace) -> int:
     result = plan(module, names, **options)
     print(json.dumps(as_json(result), indent=2) if args.json else render(result))
     return 0
-
-
-def build_module(spec: str, init_args: str) -> nn.Module:
-    """Import ``package.module:Class`` or ``file.py:Class`` and create it with the JSON ``init_args``."""
-    from torch import nn
-
-    location, separator, class_name = spec.rpartition(":")
-    if not separator or not location or not class_name:
-        raise ValueError(f"MODULE={spec!r} is not valid; expected package.module:Class or path/to/file.py:Class.")
-    shown = f"--init-args={shown_repr(init_args)}"
-    kwargs = parse_json(init_args, shown)
-    if not isinstance(kwargs, dict):
-        raise ValueError(f"{shown} is not valid; expected a JSON object of keyword arguments.")
-    if location.endswith(".py"):
-        path = Path(location)
-        if not path.is_file():
-            raise ValueError(f"MODULE={spec!r}: the file {location} does not exist.")
-        module_spec = importlib.util.spec_from_file_location(path.stem, path)
-        assert module_spec is not None
-        assert module_spec.loader is not None
-        source = importlib.util.module_from_spec(module_spec)
-        module_spec.loader.exec_module(source)
-    else:
-        try:
-            source = importlib.import_module(location)
-        except ImportError as error:
-            raise ValueError(f"MODULE={spec!r}: cannot import {location} ({error}).") from None
-    found = getattr(source, class_name, None)
-    if not isinstance(found, type) or not issubclass(found, nn.Module):
-        raise ValueError(f"MODULE={spec!r}: {location} has no nn.Module class named {class_name!r}.")
-    return found(**kwargs)
 
 
 WIDTH = 100

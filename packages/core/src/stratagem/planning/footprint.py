@@ -13,6 +13,7 @@ from torch import nn
 from torch.optim import Optimizer
 
 from stratagem.precision import Precision
+from stratagem.printable import raised_at
 from stratagem.strategies.memory import ModelFootprint
 
 DEFAULT_STATES_PER_ELEMENT = 2
@@ -34,8 +35,13 @@ def model_footprint(
     meta_module = _meta_copy(module)
     configure_model = getattr(meta_module, "configure_model", None)
     if callable(configure_model):
-        with torch.device("meta"), precision.module_init_context():
-            configure_model()
+        try:
+            with torch.device("meta"), precision.module_init_context():
+                configure_model()
+        except Exception as error:  # the user's code: say whose and where, the traceback stays on the chain
+            raise ValueError(
+                f"{type(module).__name__}.configure_model() failed on the meta device: {raised_at(error)}"
+            ) from error
     parameters = list(meta_module.parameters())
     trainable = [parameter for parameter in parameters if parameter.requires_grad]
     states = _optimizer_states_per_element(meta_module, notes)

@@ -212,7 +212,6 @@ def _build_rank(
     """The module as ``rank`` holds it: built on the meta device with that rank's mesh, then set up by
     ``strategy`` (when given); ``None`` and the problems when a step fails."""
     from stratagem.mesh import MeshLayout
-    from stratagem.planning.workload import _call
 
     problems: list[str] = []
     world = math.prod(layout.values())
@@ -235,11 +234,9 @@ def _build_rank(
         unresolved = {_first_line(str(warning.message)) for warning in caught if "plan" in str(warning.message)}
         problems += [f"tensor-parallel plan: {message}" for message in sorted(unresolved)]
         if example is not None:
-            try:
-                with torch.no_grad(), precision.forward_context():
-                    _call(built, _meta(example))
-            except Exception as error:  # indivisible heads and the like: shapes the split layers no longer fit
-                problems.append(f"forward fails once split ({text(layout)}): {_error(error)}")
+            failure = _split_forward_failure(built, example, precision)
+            if failure is not None:  # indivisible heads and the like: shapes the split layers no longer fit
+                problems.append(f"forward fails once split ({text(layout)}): {_error(failure)}")
         if strategy is not None:
             assert isinstance(strategy, RehearsesSetup)
             try:
@@ -249,6 +246,48 @@ def _build_rank(
         if hasattr(built, "_trainer"):
             cast(Any, built)._trainer = None
     return built, problems
+
+
+def _split_forward_failure(module: nn.Module, example: Any, precision: Precision) -> Exception | None:
+    """What one forward of ``example`` raises, ``None`` when it runs. Blocks alike (one class, the same parameter
+    shapes) see the same shapes: the forward runs through the first alone, and through all of them only to confirm
+    a failure (a model that counts its blocks may fail without the others)."""
+    from stratagem.planning.workload import _call
+
+    def failure() -> Exception | None:
+        try:
+            with torch.no_grad(), precision.forward_context():
+                _call(module, _meta(example))
+        except Exception as error:  # the caller reports it as the real run's problem
+            return error
+        return None
+
+    with _first_of_alike_blocks(module) as cut:
+        found = failure()
+    return found if found is None or not cut else failure()
+
+
+@contextlib.contextmanager
+def _first_of_alike_blocks(module: nn.Module) -> Iterator[bool]:
+    """``module`` with its repeated blocks cut to the first while inside, when they are alike; yields whether."""
+    from stratagem.planning.workload import blocks_container
+
+    container = blocks_container(module)
+    blocks = dict(container._modules) if container is not None else {}
+    kinds = {
+        (type(block), tuple((name, tuple(parameter.shape)) for name, parameter in block.named_parameters()))
+        for block in blocks.values()
+        if block is not None
+    }
+    if container is None or len(kinds) != 1:
+        yield False
+        return
+    first = next(iter(blocks))
+    container._modules = {first: blocks[first]}
+    try:
+        yield True
+    finally:
+        container._modules = blocks
 
 
 def _meta(example: Any) -> Any:

@@ -134,9 +134,15 @@ def _forward_costs(module: nn.Module, example: Any, precision: Precision, notes:
 
 def repeated_blocks(module: nn.Module) -> list[nn.Module]:
     """The elements of the module's largest ``ModuleList``/``Sequential`` (a decoder's layers)."""
+    container = blocks_container(module)
+    return list(container.children()) if container is not None else []
+
+
+def blocks_container(module: nn.Module) -> nn.ModuleList | nn.Sequential | None:
+    """The module's largest ``ModuleList``/``Sequential`` when it holds more than one block."""
     containers = [child for child in module.modules() if isinstance(child, nn.ModuleList | nn.Sequential)]
     largest = max(containers, key=len, default=None)
-    return list(largest.children()) if largest is not None and len(largest) > 1 else []
+    return largest if largest is not None and len(largest) > 1 else None
 
 
 def _call(module: nn.Module, arguments: Any) -> Any:
