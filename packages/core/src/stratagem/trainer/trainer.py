@@ -43,6 +43,7 @@ from stratagem.trainer.data import as_loader_list, check_splittable, rebuilt_for
 from stratagem.trainer.evaluation_loop import EvaluationKind, run_evaluation
 from stratagem.trainer.fit_loop import FitLoop
 from stratagem.trainer.lightning_hooks import check_lightning_hooks
+from stratagem.trainer.manual_optimization import check_manual_optimization
 from stratagem.trainer.optimizers import SchedulerConfig, configured_optimizers
 from stratagem.trainer.predict_loop import run_prediction
 from stratagem.trainer.progress import FitProgress, Throughput
@@ -378,6 +379,12 @@ class Trainer:
             raise TypeError(f"weights_only={weights_only!r} is not valid; expected True or False.")
         planned = self._plan_strategy(module) if stage == "fit" and self._auto_request is not None else None
         self.strategy.check_run(stage)
+        if stage == "fit":
+            check_manual_optimization(module, self.strategy, self.settings)
+            manual = not module.automatic_optimization
+            if manual != self.strategy.loop_settings.manual_optimization:
+                loop_settings = dataclasses.replace(self.strategy.loop_settings, manual_optimization=manual)
+                self.strategy.connect_loop_settings(loop_settings)
         checkpoint = resolve_ckpt_path(self, ckpt_path, stage)
         loaders = [as_loader_list(value, name) for value, name in zip(dataloaders, _ARGUMENT_NAMES[stage])]
         if self.settings.use_distributed_sampler and self.strategy.distributed_sampler_kwargs is not None:
