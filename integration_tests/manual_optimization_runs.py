@@ -16,7 +16,7 @@ from torch.nn import functional
 from torch.utils.data import DataLoader, TensorDataset
 
 import stratagem
-from stratagem.callbacks import ModelCheckpoint
+from stratagem.callbacks import ModelCheckpoint, ThroughputMonitor
 
 GLOBAL_BATCH = 8
 BATCHES = 6
@@ -107,12 +107,14 @@ def _full_weights(module: nn.Module) -> dict[str, torch.Tensor]:
 
 def fit_and_resume(strategy: str, devices: int, root: str) -> dict[str, Any]:
     """Fit ``STEPS`` steps saving at ``RESUME_FROM_STEP``, then fit again resumed from there; each run's final
-    weights and the first run's losses per batch (this rank's half of the batch)."""
+    weights, the first run's losses per batch (this rank's half of the batch), its throughput figures and each
+    rank's peak memory."""
     directory = Path(root)
     checkpoints = ModelCheckpoint(
         dirpath=directory / "checkpoints", filename="{step}", every_n_train_steps=RESUME_FROM_STEP, save_top_k=-1
     )
-    trainer = _trainer(strategy, devices, directory, callbacks=[checkpoints])
+    monitor = ThroughputMonitor()
+    trainer = _trainer(strategy, devices, directory, callbacks=[checkpoints, monitor])
     module = TinyGAN()
     trainer.fit(module, gan_loader(devices))
     middle = next(
@@ -125,6 +127,8 @@ def fit_and_resume(strategy: str, devices: int, root: str) -> dict[str, Any]:
         "global_step": trainer.global_step,
         "resumed_global_step": resumed_trainer.global_step,
         "losses": module.losses,
+        "figures": monitor.run_figures,
+        "peak_memory_bytes": trainer.throughput.peak_memory_bytes,
         "weights": _full_weights(module),
         "resumed_weights": _full_weights(resumed),
     }

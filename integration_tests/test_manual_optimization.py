@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from manual_optimization_runs import BATCHES, STEPS, fit_and_resume
+from manual_optimization_runs import BATCHES, GLOBAL_BATCH, STEPS, fit_and_resume
 
 from stratagem.testing import DistributedWorkers, WorkerError
 
@@ -59,6 +59,20 @@ def test_two_processes_train_as_single_device_and_resume_exactly(parallel_runs, 
         torch.testing.assert_close(rank_1["weights"][name], expected, rtol=1e-5, atol=1e-6, msg=name)
     _assert_bitwise(rank_0["resumed_weights"], rank_0["weights"])
     _assert_bitwise(rank_1["resumed_weights"], rank_1["weights"])
+
+
+@pytest.mark.parametrize("strategy", PARALLEL_STRATEGIES)
+def test_the_run_figures_count_both_ranks_samples_and_each_ranks_peak_memory(parallel_runs, strategy):
+    for rank in parallel_runs[strategy]:
+        figures = rank["figures"]
+        # Each rank trains on half the global batch per batch: both halves count.
+        assert figures["throughput/samples_per_sec"] == pytest.approx(
+            GLOBAL_BATCH * figures["throughput/batches_per_sec"]
+        )
+        peaks = rank["peak_memory_bytes"]
+        assert len(peaks) == 2
+        assert all(peak > 10 * 2**20 for peak in peaks)
+        assert [figures[f"memory/peak_mib/rank{index}"] > 10 for index in (0, 1)] == [True, True]
 
 
 def test_plain_ddp_names_the_strategy_that_finds_the_parameters_a_toggled_backward_leaves_out(parallel_runs):

@@ -140,12 +140,15 @@ class FitLoop:
         hooks.call("on_train_start", trainer, module)
         self._pending_rng = checkpoint_rng
         self.progress.start_next_epoch_if_finished()
+        accelerator, device = self.strategy.accelerator, self.strategy.root_device
+        accelerator.reset_peak_memory(device)
         start_step, start_time = self.progress.global_step, time.perf_counter()
         self._train_start = start_time
         while self.num_batches != 0 and not self._done() and not self._epochs_done():
             if not self._run_epoch():
                 break
-        trainer.throughput = Throughput(self.progress.global_step - start_step, time.perf_counter() - start_time)
+        seconds = time.perf_counter() - start_time
+        trainer.throughput = Throughput(self.progress.global_step - start_step, seconds, self._peak_memory_per_rank())
         if self.logs_steps and self.progress.global_step % self.settings.log_every_n_steps != 0:
             # The last step's values are worth a row even between logging intervals.
             self._log_step_metrics()
@@ -153,6 +156,15 @@ class FitLoop:
         hooks.call("on_train_end", trainer, module)
         module.on_fit_end()
         hooks.call("on_fit_end", trainer, module)
+
+    def _peak_memory_per_rank(self) -> tuple[int | None, ...]:
+        strategy = self.strategy
+        peak = strategy.accelerator.peak_memory_bytes(strategy.root_device)
+        if strategy.world_size == 1:
+            return (peak,)
+        # Every rank ends the loop here together: one exchange per fit.
+        mine = torch.tensor([-1 if peak is None else peak], dtype=torch.int64, device=strategy.root_device)
+        return tuple(None if value < 0 else value for value in strategy.all_gather(mine).flatten().tolist())
 
     def _done(self) -> bool:
         return self.trainer.should_stop or self.progress.global_step >= self.stop_at_step
