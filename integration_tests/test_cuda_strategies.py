@@ -16,6 +16,7 @@ from torch.nn import functional
 from torch.utils.data import DataLoader, TensorDataset
 
 import stratagem
+from stratagem.callbacks import Callback
 from stratagem.testing import DistributedWorkers, cuda_device_count, requires_cuda
 
 pytestmark = [*requires_cuda(), pytest.mark.distributed, pytest.mark.timeout(300)]
@@ -33,16 +34,23 @@ class Regression(stratagem.Module):
         super().__init__()
         torch.manual_seed(0)
         self.net = nn.Sequential(nn.Linear(4, 32), nn.Tanh(), nn.Linear(32, 1))
-        self.losses: list[float] = []
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         inputs, targets = batch
-        loss = functional.mse_loss(self.net(inputs), targets)
-        self.losses.append(loss.item())
-        return loss
+        return functional.mse_loss(self.net(inputs), targets)
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.AdamW(self.parameters(), lr=1e-2)
+
+
+class RecordLosses(Callback):
+    """Each step's loss as the loop got it (under dp: the mean of the replicas' losses)."""
+
+    def __init__(self) -> None:
+        self.losses: list[float] = []
+
+    def on_train_batch_end(self, trainer: Any, module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        self.losses.append(float(outputs.detach()))
 
 
 def _loader(replicas: int) -> DataLoader:
@@ -65,13 +73,14 @@ def fit_on_cuda(strategy: str, devices: int, root: str) -> dict[str, Any]:
         enable_checkpointing=False,
         enable_model_summary=False,
         num_sanity_val_steps=0,
+        callbacks=[losses := RecordLosses()],
     )
     module = Regression()
     # The ranks that split the data (not model_parallel's tensor-parallel ranks, which share each batch).
     sampler = trainer.strategy.distributed_sampler_kwargs
     trainer.fit(module, _loader(sampler["num_replicas"] if sampler is not None else 1))
     return {
-        "losses": module.losses,
+        "losses": losses.losses,
         "backend": dist.get_backend() if dist.is_initialized() else None,
         "device": trainer.strategy.root_device.type,
         "peak_memory_bytes": trainer.throughput.peak_memory_bytes,
