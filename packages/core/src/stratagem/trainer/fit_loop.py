@@ -76,7 +76,7 @@ class FitLoop:
         self._backward = calls.backward
         self._step_optimizer = calls.optimizer_step
         self._zero_grad = calls.zero_grad
-        self.checks = StepChecks(self.strategy, settings.nonfinite, self.progress)
+        self.checks = StepChecks(self.strategy, settings.nonfinite, self.progress, not self.automatic_optimization)
         self.step_hooks = StepHooks(context.hooks, trainer, module)
         self._hooks_before_backward = bool(self.step_hooks.before_backward)
         self._hooks_after_backward = bool(self.step_hooks.after_backward)
