@@ -73,9 +73,11 @@ class Trainer:
     ``accumulate_grad_batches``, ``gradient_clip_val``, ``gradient_clip_algorithm``: stepping.
     ``default_root_dir``: where logs and checkpoints go (default: the working directory).
     ``logger``: ``True`` (CSV), ``False``, ``"csv"``, ``"tensorboard"``, a Logger, or a list.
-    ``callbacks``: extra :class:`~stratagem.callbacks.Callback` objects. ``seed`` seeds every
-    generator at construction and in every worker with :func:`stratagem.seed_everything` (DataLoader workers
-    too when ``seed_everything(..., workers=True)`` was called); ``deterministic`` turns on torch's
+    ``callbacks``: extra :class:`~stratagem.callbacks.Callback` objects; ``enable_progress_bar``,
+    ``enable_checkpointing`` and ``enable_model_summary`` add the default ProgressBar, ModelCheckpoint and
+    :class:`~stratagem.callbacks.ModelSummary` (what is trained, and each rank's share, said as fit starts).
+    ``seed`` seeds every generator at construction and in every worker with :func:`stratagem.seed_everything`
+    (DataLoader workers too when ``seed_everything(..., workers=True)`` was called); ``deterministic`` turns on torch's
     deterministic algorithms during runs. ``use_distributed_sampler=False`` leaves dataloaders
     as given when the strategy splits data.
     ``nonfinite``: what a training step whose loss, or gradient norm where ``gradient_clip_val`` has it computed,
