@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import tomllib
 import zipfile
 from configparser import ConfigParser
 from pathlib import Path
+
+import tomllib
 
 REPOSITORY = Path(__file__).resolve().parents[1]
 PACKAGE_DIRECTORIES = sorted(path.parent for path in (REPOSITORY / "packages").glob("*/pyproject.toml"))

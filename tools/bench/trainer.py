@@ -1,6 +1,7 @@
 """Trainer overhead: stratagem's Trainer against a hand-written PyTorch loop (and Lightning, when installed).
 
     python tools/bench/run.py trainer [--workload mlp|transformer|all] [--rounds 5] [--json out.json]
+    python tools/bench/run.py trainer --accelerator cuda       # every contender on the first GPU
     python tools/bench/run.py trainer --paired 3000
 
 Each workload trains the same model on the same data with the same optimizer, in rounds that
@@ -101,23 +102,34 @@ def _optimizer(parameters: Any) -> torch.optim.Optimizer:
 
 # -- contenders: each returns the steps/s of its training loop (wall clock, CPU time) ---------
 
+ACCELERATOR = "cpu"
+"""Where every contender trains (``--accelerator``): ``cpu``, or ``cuda`` for the first GPU."""
+
 
 class Stopwatch:
-    """Wall-clock and CPU time between start() and stop()."""
+    """Wall-clock and CPU time between start() and stop(); on a GPU, of the work queued until then too."""
 
     def start(self) -> None:
+        _synchronize()
         self._wall, self._cpu = time.perf_counter(), time.process_time()
 
     def stop(self) -> None:
+        _synchronize()
         self.wall, self.cpu = time.perf_counter() - self._wall, time.process_time() - self._cpu
 
     def rates(self, steps: int) -> tuple[float, float]:
         return steps / self.wall, steps / self.cpu
 
 
+def _synchronize() -> None:
+    if ACCELERATOR == "cuda":
+        torch.cuda.synchronize()
+
+
 def run_raw(workload: Workload, data: TensorDataset) -> tuple[float, float]:
     torch.manual_seed(0)
-    model = workload.make_model()
+    device = torch.device(ACCELERATOR)
+    model = workload.make_model().to(device)
     optimizer = _optimizer(model.parameters())
     loader = _loader(workload, data)
     model.train()
@@ -126,6 +138,7 @@ def run_raw(workload: Workload, data: TensorDataset) -> tuple[float, float]:
     stopwatch.start()
     while steps < workload.steps:
         for features, labels in loader:
+            features, labels = features.to(device, non_blocking=True), labels.to(device, non_blocking=True)
             loss = functional.cross_entropy(model(features), labels)
             loss.backward()
             optimizer.step()
@@ -170,11 +183,12 @@ def run_trainer(workload: Workload, data: TensorDataset) -> tuple[float, float]:
     module = _BenchModule(workload.make_model())
     timer = _StopwatchCallback()
     trainer = stratagem.Trainer(
-        accelerator="cpu",
+        accelerator=ACCELERATOR,
         devices=1,
         max_steps=workload.steps,
         enable_progress_bar=False,
         enable_checkpointing=False,
+        enable_model_summary=False,
         logger=False,
         num_sanity_val_steps=0,
         callbacks=[timer],
@@ -230,7 +244,7 @@ def _run_lightning(workload: Workload, data: TensorDataset) -> tuple[float, floa
     torch.manual_seed(0)
     timer = Timer()
     trainer = pl.Trainer(
-        accelerator="cpu",
+        accelerator=ACCELERATOR,
         devices=1,
         max_steps=workload.steps,
         enable_progress_bar=False,
@@ -374,6 +388,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=None, help="steps per round (default: per workload)")
     parser.add_argument("--no-lightning", action="store_true", help="skip Lightning even when it is installed")
     parser.add_argument("--json", default=None, help="also write the results to this file")
+    parser.add_argument("--accelerator", choices=("cpu", "cuda"), default="cpu", help="where to train (default: cpu)")
     parser.add_argument(
         "--paired",
         type=int,
@@ -383,6 +398,10 @@ def main(argv: list[str] | None = None) -> int:
         "in the same process; prints the median per-step overhead (robust on a busy machine)",
     )
     args = parser.parse_args(argv)
+    if args.paired is not None and args.accelerator != "cpu":
+        parser.error("--paired measures the CPU; leave --accelerator out")
+    global ACCELERATOR
+    ACCELERATOR = args.accelerator
     if args.paired is not None:
         import tempfile
 
@@ -400,7 +419,7 @@ def main(argv: list[str] | None = None) -> int:
     with_lightning = not args.no_lightning and _lightning() is not None
     names = list(WORKLOADS) if args.workload == "all" else [args.workload]
     print(
-        f"torch {torch.__version__}, {torch.get_num_threads()} intra-op thread(s) "
+        f"torch {torch.__version__} on {ACCELERATOR}, {torch.get_num_threads()} intra-op thread(s) "
         f"(OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}), "
         f"lightning: {'yes' if with_lightning else 'not installed'}"
     )

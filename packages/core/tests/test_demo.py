@@ -22,18 +22,21 @@ def _run_demo(*argv):
 
 def test_the_demo_trains_prints_its_result_and_saves_a_checkpoint(tmp_path, capsys):
     assert _run_demo("--max-steps", "40", "--root-dir", str(tmp_path), "--precision", "bf16-mixed") == 0
-    output = capsys.readouterr().out
+    captured = capsys.readouterr()
+    output = captured.out
+    assert captured.err.startswith("stratagem: DemoModule: 21,252 parameters (21,252 trainable)")
     setup, summary = output.strip().splitlines()[0], output.strip().splitlines()[-1]
     assert setup == (
         "stratagem demo: SingleDeviceStrategy(device='cpu'), precision bf16-mixed, 1 process; "
         f"checkpoints go to {tmp_path / 'checkpoints' / 'version_0'}"
     )
     assert summary.startswith("done after 40 steps: train_loss ")
-    assert "steps/s" in summary
+    assert re.search(r" steps/s \| [\d,]+ samples/s \| peak memory [\d,]+ MiB \| checkpoint ", summary), summary
     checkpoint = tmp_path / "checkpoints" / "version_0" / "epoch=0-step=40.ckpt"
     assert f"checkpoint {checkpoint}" in summary
     assert torch.load(checkpoint, weights_only=True)["loops"]["fit"]["global_step"] == 40
-    assert (tmp_path / "csv_logs" / "version_0" / "metrics.csv").is_file()
+    header = (tmp_path / "csv_logs" / "version_0" / "metrics.csv").read_text().splitlines()[0]
+    assert "lr-AdamW" in header.split(",")
 
 
 def test_the_demo_trains_to_a_finite_loss_in_16_true(tmp_path, capsys):
@@ -58,10 +61,14 @@ def test_the_demo_resumes_from_the_last_checkpoint_says_so_and_keeps_the_previou
     assert _run_demo("--max-steps", "30", "--root-dir", str(tmp_path), "--ckpt-path", "last", "--logger", "none") == 0
     output = capsys.readouterr()
     assert output.out.strip().splitlines()[-1].startswith("done after 30 steps")
-    assert output.err.strip().splitlines() == [
+    resumed = (
         f"stratagem: resuming from {first} (epoch 0, step 20); "
         "it was saved with precision bf16-mixed, this run uses precision 32-true"
-    ]
+    )
+    # Besides the model summary's lines, which come first.
+    lines = output.err.strip().splitlines()
+    assert [line for line in lines if "resuming" in line] == [resumed]
+    assert any(line.startswith("stratagem: DemoModule: 21,252 parameters") for line in lines)
     assert first.read_bytes() == saved
     assert (tmp_path / "checkpoints" / "version_1" / "epoch=0-step=30.ckpt").is_file()
 
@@ -102,3 +109,13 @@ def test_the_example_script_runs_the_same_job(tmp_path):
     assert completed.returncode == 0, completed.stderr
     assert "final train loss" in completed.stdout
     assert (tmp_path / "checkpoints" / "version_0" / "epoch=0-step=20.ckpt").is_file()
+
+
+def test_the_demo_shows_the_learning_rate_in_tensorboard(tmp_path, capsys):
+    pytest.importorskip("tensorboard", reason="TensorBoard is optional: pip install 'stratagem[tensorboard]'")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    assert _run_demo("--max-steps", "100", "--root-dir", str(tmp_path), "--logger", "tensorboard") == 0
+    events = EventAccumulator(str(tmp_path / "tensorboard_logs" / "version_0"))
+    events.Reload()
+    assert [event.step for event in events.Scalars("lr-AdamW")] == [0, 50]

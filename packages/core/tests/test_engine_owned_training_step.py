@@ -76,7 +76,7 @@ def test_the_trainer_counts_the_engine_s_steps_and_never_runs_backward_or_steps_
     assert trainer.estimated_total_steps == trainer.global_step
     assert strategy.trainer_calls == []
     assert torch.isfinite(trainer.callback_metrics["train_loss"])
-    assert module.lr_schedulers()[0].last_epoch == trainer.global_step
+    assert module.lr_schedulers().last_epoch == trainer.global_step
 
 
 def test_every_pass_s_loaders_are_rebuilt_once_with_the_pass_s_stage(tmp_path):

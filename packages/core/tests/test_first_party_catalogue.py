@@ -2,7 +2,7 @@
 extras core declares, and its hints to what can be installed."""
 
 import re
-import tomllib
+import sys
 from pathlib import Path
 
 import pytest
@@ -11,6 +11,11 @@ from stratagem import registry
 from stratagem.registry import Registry, _builtins, first_party
 from stratagem.registry.first_party import PACKAGES, owning_package
 from stratagem.registry.registry import BUILTIN_DISTRIBUTION
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # the same parser, before it joined the standard library (core depends on it there)
+    import tomli as tomllib
 
 FIRST_PARTY = {package.distribution: package for package in PACKAGES}
 

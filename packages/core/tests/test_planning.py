@@ -190,14 +190,15 @@ def test_auto_plans_a_model_built_in_configure_model_however_small():
     assert "fit any strategy" not in reason
 
 
-def test_trainer_auto_keeps_the_usual_strategy_quietly_when_the_model_fits(tmp_path, capsys):
+def test_trainer_auto_keeps_the_usual_strategy_saying_so_in_one_summary_line_when_the_model_fits(tmp_path, capsys):
     module = Blocks(width=8, depth=2)
     data = [(torch.zeros(4, 8),) for _ in range(2)]
     trainer = stratagem.Trainer(
         accelerator="cpu", devices=1, max_steps=1, default_root_dir=tmp_path, logger=False, enable_progress_bar=False
     )
     trainer.fit(module, data)
-    assert "auto →" not in capsys.readouterr().err
+    [kept] = [line for line in capsys.readouterr().err.splitlines() if "auto →" in line]
+    assert kept.startswith("stratagem: auto → single_device: ")
     assert type(trainer.strategy).__name__ == "SingleDeviceStrategy"
     assert trainer.global_step == 1
 

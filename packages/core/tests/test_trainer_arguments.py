@@ -118,12 +118,12 @@ def test_callbacks_that_contradict_the_switches_are_refused(tmp_path):
 
 
 def test_defaults_add_a_progress_bar_first_and_checkpointing_last_and_a_csv_logger(tmp_path):
-    from stratagem.callbacks import EarlyStopping
+    from stratagem.callbacks import EarlyStopping, ModelSummary
 
     stopper = EarlyStopping("val_loss")
     trainer = stratagem.Trainer(accelerator="cpu", callbacks=[stopper], default_root_dir=tmp_path)
     kinds = [type(callback) for callback in trainer.callbacks]
-    assert kinds == [ProgressBar, EarlyStopping, ModelCheckpoint]
+    assert kinds == [ProgressBar, EarlyStopping, ModelSummary, ModelCheckpoint]
     assert isinstance(trainer.logger, CSVLogger)
     assert trainer.log_dir == str(tmp_path / "csv_logs" / "version_0")
 

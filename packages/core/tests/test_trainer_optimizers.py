@@ -99,7 +99,7 @@ def test_reduce_on_plateau_follows_a_validation_metric_during_fit(tmp_path):
     module = Plateau()
     trainer.fit(module, make_loader(), make_loader())
     assert trainer.optimizers[0].param_groups[0]["lr"] == 0.5**3  # no epoch improves by 1000%
-    assert module.lr_schedulers()[0] is trainer.lr_scheduler_configs[0].scheduler
+    assert module.lr_schedulers() is trainer.lr_scheduler_configs[0].scheduler
 
 
 def test_a_strategy_limiting_schedulers_refuses_more_with_the_limit_named(tmp_path):

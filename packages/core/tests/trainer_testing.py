@@ -72,6 +72,7 @@ def quiet_trainer(root: Any, **options: Any) -> stratagem.Trainer:
         "devices": 1,
         "enable_progress_bar": False,
         "enable_checkpointing": False,
+        "enable_model_summary": False,
         "logger": False,
         "num_sanity_val_steps": 0,
         "default_root_dir": root,

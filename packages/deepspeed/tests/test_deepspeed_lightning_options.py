@@ -8,6 +8,7 @@ import json
 import warnings
 
 import pytest
+import torch
 
 import stratagem
 from stratagem_deepspeed import DeepSpeedStrategy
@@ -138,3 +139,32 @@ def test_the_strategy_supplies_the_optimizer_only_when_the_config_has_one():
     assert not plain.supplies_optimizer
     config = {"zero_allow_untested_optimizer": True, "optimizer": {"type": "SGD", "params": {"lr": 0.1}}}
     assert resolve(DeepSpeedStrategy(config=config)).supplies_optimizer
+
+
+class _ManuallyOptimized(stratagem.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.automatic_optimization = False
+        self.layer = torch.nn.Linear(2, 1)
+        self.stepped = False
+
+    def training_step(self, batch, batch_idx):
+        self.stepped = True
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def test_manual_optimization_is_refused_because_the_engine_owns_the_step_before_any_process_starts(tmp_path):
+    trainer = stratagem.Trainer(
+        strategy=DeepSpeedStrategy(stage=2),
+        accelerator="cpu",
+        devices=2,
+        max_steps=1,
+        logger=False,
+        default_root_dir=tmp_path,
+    )
+    module = _ManuallyOptimized()
+    with pytest.raises(ValueError, match=r"DeepSpeedStrategy cannot run: its engine runs backward and the optimizer"):
+        trainer.fit(module, [torch.ones(1, 2)])
+    assert not module.stepped

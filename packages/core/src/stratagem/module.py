@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import warnings
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import torch
 from torch import nn
@@ -29,6 +30,12 @@ class Module(nn.Module):
     Every hook has a default that does nothing, so a subclass defines only what it needs.
     Inside hooks, :attr:`trainer`, :attr:`device` and :attr:`global_rank` describe the run.
     """
+
+    automatic_optimization: bool = True
+    """Whether the Trainer runs backward and the optimizer steps on the loss ``training_step`` returns. Set it to
+    ``False`` (in ``__init__``) to do that in ``training_step``: :meth:`manual_backward`, then ``step()`` and
+    ``zero_grad()`` on what :meth:`optimizers` returns. Each such step counts towards ``global_step``, and the
+    Trainer steps no learning-rate scheduler (call ``step()`` on what :meth:`lr_schedulers` returns)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -256,6 +263,15 @@ class Module(nn.Module):
     def on_predict_epoch_end(self) -> None:
         """Called after all prediction dataloaders ran."""
 
+    def on_before_backward(self, loss: torch.Tensor) -> None:
+        """Called before every training backward (after the callbacks' hook), with the loss it runs on."""
+
+    def on_after_backward(self) -> None:
+        """Called after every training backward (after the callbacks' hook): the gradients are there."""
+
+    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        """Called before each optimizer step and its gradient clipping (after the callbacks' hook)."""
+
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Add entries to ``checkpoint`` before it is saved (``"module"``/``"optimizers"`` are live objects)."""
 
@@ -331,10 +347,92 @@ class Module(nn.Module):
                 batch_size=batch_size,
             )
 
-    def optimizers(self) -> list[torch.optim.Optimizer]:
-        """The optimizers of the current fit, as the strategy set them up."""
-        return list(self.trainer.optimizers)
+    def optimizers(self, use_pl_optimizer: bool = True) -> Any:
+        """The optimizers of the current fit as the strategy set them up: the optimizer itself when there is one,
+        else a list, as in Lightning. Under manual optimization each is handed out wrapped, so that its ``step()``
+        goes through the strategy and counts towards ``global_step``; ``use_pl_optimizer=False`` gives the
+        optimizers themselves."""
+        manual = self._run_context.manual if self._run_context is not None else None
+        found: list[Any] = list(manual.optimizers) if manual is not None and use_pl_optimizer else []
+        if not found:
+            found = list(self.trainer.optimizers)
+        return found[0] if len(found) == 1 else found
 
-    def lr_schedulers(self) -> list[Any]:
-        """The learning-rate schedulers of the current fit."""
-        return [config.scheduler for config in self.trainer.lr_scheduler_configs]
+    def lr_schedulers(self) -> Any:
+        """The learning-rate schedulers of the current fit: ``None`` when there are none, the scheduler when
+        there is one, else a list, as in Lightning."""
+        schedulers = [config.scheduler for config in self.trainer.lr_scheduler_configs]
+        if not schedulers:
+            return None
+        return schedulers[0] if len(schedulers) == 1 else schedulers
+
+    # -- manual optimization (automatic_optimization = False) -------------------------------------
+
+    def manual_backward(self, loss: torch.Tensor) -> None:
+        """Compute the gradients of ``loss`` in ``training_step`` under manual optimization, through the
+        strategy: the precision's loss scaling, gradient synchronisation across ranks, the hooks around
+        backward. Use it instead of ``loss.backward()``."""
+        manual = self._run_context.manual if self._run_context is not None else None
+        if manual is None:
+            raise RuntimeError(
+                f"{type(self).__name__}.manual_backward() is for training_step under manual optimization: set "
+                "self.automatic_optimization = False in __init__ (with automatic optimization, return the loss "
+                "from training_step and the Trainer runs backward)."
+            )
+        manual.backward(loss)
+
+    def toggle_optimizer(self, optimizer: Any) -> None:
+        """Leave only ``optimizer``'s parameters requiring gradients (the other optimizers' are frozen) until
+        :meth:`untoggle_optimizer`: a backward then computes gradients for the model ``optimizer`` steps only."""
+        target = getattr(optimizer, "optimizer", optimizer)
+        if "_requires_grad_before_toggle" in self.__dict__:
+            raise RuntimeError(
+                f"{type(self).__name__}.toggle_optimizer() was called again before untoggle_optimizer(); untoggle "
+                "the optimizer toggled first."
+            )
+        # Keyed by identity: a tensor's == compares values.
+        before: dict[int, tuple[torch.Tensor, bool]] = {}
+        for each in self.trainer.optimizers:
+            for group in each.param_groups:
+                for parameter in group["params"]:
+                    before.setdefault(id(parameter), (parameter, parameter.requires_grad))
+                    parameter.requires_grad_(False)
+        for group in target.param_groups:
+            for parameter in group["params"]:
+                parameter.requires_grad_(before[id(parameter)][1])
+        self.__dict__["_requires_grad_before_toggle"] = before
+
+    def untoggle_optimizer(self, optimizer: Any) -> None:
+        """Give every parameter back the ``requires_grad`` it had before :meth:`toggle_optimizer`."""
+        before = self.__dict__.pop("_requires_grad_before_toggle", None)
+        if before is None:
+            return
+        for parameter, requires_grad in before.values():
+            parameter.requires_grad_(requires_grad)
+
+    @contextlib.contextmanager
+    def toggled_optimizer(self, optimizer: Any) -> Iterator[None]:
+        """:meth:`toggle_optimizer` for the ``with`` block, untoggled when it ends."""
+        self.toggle_optimizer(optimizer)
+        try:
+            yield
+        finally:
+            self.untoggle_optimizer(optimizer)
+
+    def clip_gradients(
+        self,
+        optimizer: Any,
+        gradient_clip_val: float | None = None,
+        gradient_clip_algorithm: Literal["norm", "value"] = "norm",
+    ) -> torch.Tensor | None:
+        """Clip the gradients of ``optimizer``'s parameters through the strategy (sharded gradients by their whole
+        norm; a loss scaler's gradients unscaled first); the norm when clipping by norm. Under manual optimization
+        call it after :meth:`manual_backward` and before ``optimizer.step()``; ``None`` clips nothing."""
+        if gradient_clip_val is None:
+            return None
+        if gradient_clip_algorithm not in ("norm", "value"):
+            raise ValueError(
+                f"gradient_clip_algorithm={gradient_clip_algorithm!r} is not valid; expected 'norm' or 'value'."
+            )
+        target = getattr(optimizer, "optimizer", optimizer)
+        return self.trainer.strategy.clip_gradients(target, gradient_clip_val, gradient_clip_algorithm)

@@ -27,6 +27,11 @@ class DataParallelStrategy(Strategy):
     on the same GPUs.
     """
 
+    manual_optimization_unsupported = (
+        "DataParallel runs training_step once per GPU, in a replica of the module, so a backward or optimizer step "
+        "called there would run once per replica"
+    )
+
     def __init__(
         self, parallel_devices: list[torch.device] | None = None, **strategy_options: Unpack[StrategyOptions]
     ) -> None:

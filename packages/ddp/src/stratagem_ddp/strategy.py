@@ -21,6 +21,7 @@ from stratagem.strategies import (
     ModelFootprint,
     ParallelOptions,
     ParallelStrategy,
+    PreparesEachBackward,
     replicated_estimate,
 )
 from stratagem_ddp.comm_hooks import (
@@ -36,7 +37,7 @@ if TYPE_CHECKING:
     from typing_extensions import Unpack
 
 
-class DDPStrategy(ParallelStrategy, BackwardSyncControl):
+class DDPStrategy(ParallelStrategy, BackwardSyncControl, PreparesEachBackward):
     """Data-parallel training with one process per device and DDP's bucketed gradient all-reduce.
 
     Options, beyond those of :class:`~stratagem.strategies.ParallelStrategy`:
@@ -169,6 +170,31 @@ class DDPStrategy(ParallelStrategy, BackwardSyncControl):
             # Re-raised inside collective() so that it is reported like any other stuck collective.
             with self.collective("all_reduce of gradients (DDP, during backward)"):
                 raise
+
+    def prepare_backward(self, loss: Any) -> None:
+        model = self.model
+        if not isinstance(model, DistributedDataParallel) or not torch.is_grad_enabled():
+            return
+        if not model.require_backward_grad_sync:
+            return
+        model.require_forward_param_sync = True
+        # What DDP's forward does for its output, done for this loss: with find_unused_parameters the reducer
+        # walks this loss's graph, so the parameters another backward of the step uses count as unused here.
+        finds_unused = model.find_unused_parameters and not model.static_graph
+        reducer = model.reducer
+        try:
+            reducer._rebuild_buckets()  # as DDP's forward does before it prepares
+            reducer.prepare_for_backward([loss] if finds_unused else [])
+        except RuntimeError as error:
+            if finds_unused or "Expected to have finished reduction" not in str(error):
+                raise
+            raise RuntimeError(
+                "Under manual optimization the last manual_backward left some parameters without a gradient (the "
+                "other optimizer's, frozen by toggle_optimizer, or a model the loss did not use), and DDP waits for "
+                "every parameter before it averages any: its optimizer stepped unaveraged gradients. Use "
+                "strategy='ddp_find_unused_parameters_true' (DDPStrategy(find_unused_parameters=True)), which finds "
+                "them from each loss."
+            ) from error
 
     def no_backward_sync(self, enabled: bool) -> contextlib.AbstractContextManager[Any]:
         if not enabled or not isinstance(self.model, DistributedDataParallel):

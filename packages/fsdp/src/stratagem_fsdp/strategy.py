@@ -81,6 +81,7 @@ from stratagem_fsdp.wrapping import (
     ShardedRoot,
     apply_activation_checkpointing,
     manual_wrapping,
+    refuse_root_parameters_under_manual_optimization,
     shard_module,
     sharded_root_of,
 )
@@ -317,7 +318,12 @@ class FSDPStrategy(ParallelStrategy, BackwardSyncControl, RehearsesSetup):
         refuse_differently_built(module)
         if self.is_global_zero:
             self._rank_zero_values.keep_present(module)
-        root = shard_module(module, self._auto_wrap, self._sharding_mesh, unit_kwargs, root_kwargs)
+        manual = self.loop_settings.manual_optimization
+        if manual:
+            refuse_root_parameters_under_manual_optimization(module)
+        # Under manual optimization training_step runs its backwards inside the root's forward, where the root's
+        # gathered parameters would get no reduce-scatter: every child with parameters is then a unit of its own.
+        root = shard_module(module, self._auto_wrap, self._sharding_mesh, unit_kwargs, root_kwargs, manual)
         if has_meta_tensors(root):
             offloaded = isinstance(self._configured_offload_policy, CPUOffloadPolicy)
             allocate(root, torch.device("cpu") if offloaded else self.root_device, self.root_device)

@@ -98,12 +98,14 @@ def shard_module(
     mesh: Any,
     unit_kwargs: dict[str, Any],
     root_kwargs: dict[str, Any],
+    children_are_units: bool = False,
 ) -> ShardedRoot:
     """Apply ``fully_shard`` to the submodules ``selector`` picks (children before parents), then to a root.
 
     Submodules the user already sharded, and everything inside them, are left as they are.
+    ``children_are_units``: also every child of ``module`` holding parameters outside the picked units.
     """
-    for submodule in selected_units(module, selector):
+    for submodule in selected_units(module, selector, children_are_units):
         fully_shard(submodule, mesh=mesh, **unit_kwargs)
     root = ShardedRoot(module)
     fully_shard(root, mesh=mesh, **root_kwargs)
@@ -112,9 +114,24 @@ def shard_module(
     return root
 
 
-def selected_units(module: nn.Module, selector: ModuleSelector | None) -> list[nn.Module]:
+def refuse_root_parameters_under_manual_optimization(module: nn.Module) -> None:
+    """Refuse parameters set on ``module`` itself: FSDP gathers them for the whole ``training_step`` and reduces
+    their gradients only after it, so an optimizer stepped in ``training_step`` would step unreduced ones."""
+    names = [name for name, _ in module.named_parameters(recurse=False)]
+    if names:
+        raise ValueError(
+            f"{type(module).__name__} sets automatic_optimization = False and holds parameters of its own "
+            f"({', '.join(names)}), which fsdp cannot reduce between the backwards training_step runs. Move them into "
+            "a submodule (e.g. an nn.Module holding them), which fsdp then shards as a unit of its own."
+        )
+
+
+def selected_units(
+    module: nn.Module, selector: ModuleSelector | None, children_are_units: bool = False
+) -> list[nn.Module]:
     """The submodules ``selector`` makes FSDP units, and those given to ``wrap()`` in ``configure_model``,
-    children before parents; user-sharded subtrees excluded."""
+    children before parents; user-sharded subtrees excluded. ``children_are_units``: also each child of
+    ``module`` that holds parameters outside those."""
     selected: list[nn.Module] = []
     # A submodule registered under two names (``self.model = nn.Sequential(self.layer, ...)``) is one unit.
     visited: set[int] = set()
@@ -127,7 +144,8 @@ def selected_units(module: nn.Module, selector: ModuleSelector | None) -> list[n
                 continue
             visited.add(id(child))
             child_remaining = visit(child)
-            if _marked_as_unit(child) or (selector is not None and selector(child, child_remaining)):
+            whole_child = children_are_units and current is module and child_remaining > 0
+            if whole_child or _marked_as_unit(child) or (selector is not None and selector(child, child_remaining)):
                 selected.append(child)
             else:
                 remaining += child_remaining

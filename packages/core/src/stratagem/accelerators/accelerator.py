@@ -60,6 +60,17 @@ class Accelerator(ABC):
         """Whether mixed precision in ``dtype`` needs a gradient scaler on this device."""
         return dtype == torch.float16
 
+    def reset_peak_memory(self, device: torch.device) -> None:
+        """Start counting :meth:`peak_memory_bytes` anew (the fit loop calls it when training starts)."""
+
+    def peak_memory_bytes(self, device: torch.device) -> int | None:
+        """The most memory this process held on ``device`` since :meth:`reset_peak_memory`, or ``None`` where
+        the backend cannot tell."""
+        return None
+
+    def synchronize(self, device: torch.device) -> None:
+        """Wait until the work queued on ``device`` is done, so that a clock read after it measures that work."""
+
     def get_device(self, index: int) -> torch.device:
         """The ``torch.device`` for the device at ``index``."""
         return torch.device(self.device_type, index)

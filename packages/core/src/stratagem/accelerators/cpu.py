@@ -6,6 +6,7 @@ import warnings
 import torch
 
 from stratagem.accelerators.accelerator import Accelerator
+from stratagem.accelerators.host_memory import peak_resident_bytes, reset_peak_resident_memory
 
 PROCESS_MEMORY = 200 * 2**20
 """What one CPU process needs at least, in bytes: Python with torch imported, before any model (measured: ~220 MiB)."""
@@ -36,6 +37,12 @@ class CPUAccelerator(Accelerator):
     def auto_device_count(self) -> int:
         # One process: several CPU processes only help when the user asks for them.
         return 1
+
+    def reset_peak_memory(self, device: torch.device) -> None:
+        reset_peak_resident_memory()
+
+    def peak_memory_bytes(self, device: torch.device) -> int | None:
+        return peak_resident_bytes()
 
     def get_device(self, index: int) -> torch.device:
         return torch.device("cpu")

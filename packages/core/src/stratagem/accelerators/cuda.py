@@ -30,3 +30,13 @@ class CUDAAccelerator(Accelerator):
 
     def teardown(self) -> None:
         torch.cuda.empty_cache()
+
+    def reset_peak_memory(self, device: torch.device) -> None:
+        torch.cuda.reset_peak_memory_stats(device)
+
+    def peak_memory_bytes(self, device: torch.device) -> int | None:
+        # The caching allocator's peak of memory held by tensors (not what it reserved beside them).
+        return int(torch.cuda.max_memory_allocated(device))
+
+    def synchronize(self, device: torch.device) -> None:
+        torch.cuda.synchronize(device)

@@ -5,6 +5,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
+    import torch
+
     from stratagem.module import Module
     from stratagem.trainer.trainer import Trainer
 
@@ -57,6 +59,18 @@ class Callback:
 
     def on_train_batch_end(self, trainer: Trainer, module: Module, outputs: Any, batch: Any, batch_idx: int) -> None:
         """Called after every training step; ``trainer.global_step`` already counts its optimizer step."""
+
+    def on_before_backward(self, trainer: Trainer, module: Module, loss: torch.Tensor) -> None:
+        """Called before every training backward, with the loss it runs on (divided by
+        ``accumulate_grad_batches``, not yet scaled by a mixed-precision loss scaler); before the module's hook."""
+
+    def on_after_backward(self, trainer: Trainer, module: Module) -> None:
+        """Called after every training backward, with the gradients computed (and, under ddp, synchronised on
+        the last micro-batch of a window); before the module's hook."""
+
+    def on_before_optimizer_step(self, trainer: Trainer, module: Module, optimizer: torch.optim.Optimizer) -> None:
+        """Called before each optimizer step, before gradient clipping; before the module's hook. Not called
+        where the strategy's engine runs whole training steps (an ``OwnsTrainingStep`` strategy)."""
 
     def on_validation_start(self, trainer: Trainer, module: Module) -> None:
         """Called before a validation pass (also the sanity check: see ``trainer.sanity_checking``)."""

@@ -16,7 +16,8 @@ if TYPE_CHECKING:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = (
         "Train a small built-in classifier on synthetic data (generated in memory, nothing is downloaded), "
-        "print progress, steps/s and the final loss, and save a checkpoint. With no options it runs on the CPU "
+        "print a model summary, progress, steps/s, samples/s, peak memory and the final loss, and save a "
+        "checkpoint. With no options it runs on the CPU "
         "in well under a minute."
     )
     parser.add_argument("--strategy", default="auto", help="a registered strategy name (default: auto)")
@@ -43,6 +44,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from stratagem.callbacks import LearningRateMonitor
     from stratagem.demo import DemoModule, demo_dataloaders
     from stratagem.trainer import Trainer
 
@@ -59,7 +61,8 @@ def run(args: argparse.Namespace) -> int:
             default_root_dir=args.root_dir,
             logger=False if args.logger == "none" else args.logger,
             seed=args.seed,
-            callbacks=[_SaySetup()],
+            # The learning rate beside the loss in the logs (TensorBoard's scalars too).
+            callbacks=[_SaySetup()] if args.logger == "none" else [_SaySetup(), LearningRateMonitor()],
         )
     except (ValueError, TypeError, ImportError) as error:  # ImportError: a name whose requirement is missing
         print(f"stratagem demo: {error}", file=sys.stderr)
@@ -68,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
     module = DemoModule(learning_rate=args.learning_rate)
     trainer.fit(module, train_loader, val_loader, ckpt_path=args.ckpt_path)
     if trainer.is_global_zero:
-        print(summary(trainer))
+        print(summary(trainer, args.batch_size))
     return 0
 
 
@@ -101,11 +104,19 @@ def setup_line(trainer: Trainer) -> str:
     return line
 
 
-def summary(trainer: Trainer) -> str:
-    """One line: the final training loss, the last validation metrics, steps/s and the checkpoint saved."""
+def summary(trainer: Trainer, batch_size: int) -> str:
+    """One line: the final training loss, the last validation metrics, steps/s, samples/s (over all ranks, each
+    training on ``batch_size`` samples per step), the largest rank's peak memory and the checkpoint saved."""
     metrics = trainer.callback_metrics
     parts = [f"{name} {float(metrics[name]):.4f}" for name in ("train_loss", "val_loss", "val_acc") if name in metrics]
-    parts.append(f"{trainer.throughput.steps_per_second:.1f} steps/s")
+    throughput = trainer.throughput
+    parts.append(f"{throughput.steps_per_second:.1f} steps/s")
+    sampler = trainer.strategy.distributed_sampler_kwargs
+    replicas = sampler["num_replicas"] if sampler is not None else 1
+    parts.append(f"{throughput.steps_per_second * batch_size * replicas:,.0f} samples/s")
+    peak = throughput.max_peak_memory_bytes
+    if peak is not None:
+        parts.append(f"peak memory {peak / 2**20:,.0f} MiB")
     checkpoint = trainer.checkpoint_callback
     if checkpoint is not None and checkpoint.best_model_path:
         parts.append(f"checkpoint {checkpoint.best_model_path}")

@@ -50,6 +50,21 @@ class OwnsAccumulation(ABC):
         micro-batches itself cannot know."""
 
 
+class PreparesEachBackward(ABC):
+    """A strategy whose wrapper synchronises gradients in a backward only when told, before it, what that
+    backward computes (DDP's reducer, prepared at the end of the wrapper's forward).
+
+    Under manual optimization (``automatic_optimization = False``) ``training_step`` runs its backwards
+    itself, inside the wrapper's forward and possibly several per step, so the preparation at the end of
+    forward comes too late: the Trainer then calls :meth:`prepare_backward` before every
+    ``manual_backward``. Without this ability nothing is called.
+    """
+
+    @abstractmethod
+    def prepare_backward(self, loss: Any) -> None:
+        """Told just before backward runs on ``loss`` from inside ``training_step``."""
+
+
 StepBoundary = Literal["after_backward", "after_optimizer_step", "before_evaluation_step"]
 """Where in a run :meth:`StepBoundaryListener.at_step_boundary` is called."""
 

@@ -43,6 +43,9 @@ class LoopSettings:
     train_batch_size: int | None = None
     """The training dataloader's batch size per process, once a run knows it (``None`` before, or when the
     loader has none, e.g. an iterable of ready-made batches)."""
+    manual_optimization: bool = False
+    """Whether the fitted module runs its own backwards and optimizer steps inside ``training_step``
+    (``automatic_optimization = False``), known once ``fit`` is given the module."""
 
 
 class StrategyOptions(TypedDict, total=False):
@@ -79,6 +82,12 @@ class Strategy(ABC):
     """True when the strategy steps the learning-rate schedulers :meth:`check_lr_schedulers` hands it, on a
     clock of its own (a swarm's collaborative epoch, which no ``interval`` of the Trainer's can express): the
     Trainer then never steps them, and still saves and restores their state in checkpoints."""
+
+    manual_optimization_unsupported: ClassVar[str | None] = None
+    """Why this strategy cannot run a module with ``automatic_optimization = False`` (``training_step`` calling
+    ``manual_backward`` and stepping its optimizers), or ``None`` when it can. An engine that owns backward and
+    the optimizer step (:class:`~stratagem.strategies.OwnsAccumulation`,
+    :class:`~stratagem.strategies.OwnsTrainingStep`) is refused for that ability already."""
 
     @property
     def supplies_optimizer(self) -> bool:

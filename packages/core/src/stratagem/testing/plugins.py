@@ -10,9 +10,14 @@ environment, so no other test or process sees it.
 from __future__ import annotations
 
 import re
-import tomllib
+import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # the same parser, before it joined the standard library
+    import tomli as tomllib
 
 
 def write_distribution(

@@ -35,6 +35,9 @@ class TrainingLoopSteps(Protocol):
     def record_engine_steps(self, output: Any, optimizer_steps: int) -> None:
         """Take an engine call's reduced output and count the optimizer steps it made."""
 
+    def manual_training_step(self, batch: Any, batch_idx: int) -> Any:
+        """``training_step`` of a module that runs its own backwards and optimizer steps; its output."""
+
 
 class AccumulationPolicy(ABC):
     """What the fit loop does with one item of the training data."""
@@ -155,8 +158,25 @@ class EngineTrainingSteps(AccumulationPolicy):
         return num_batches * self.steps_per_call
 
 
-def accumulation_policy(strategy: Strategy, accumulate: int, optimizers: Sequence[Optimizer]) -> AccumulationPolicy:
-    """The one place a strategy's training-step abilities are looked at."""
+class ManualOptimization(AccumulationPolicy):
+    """``training_step`` runs its own backwards and optimizer steps (``automatic_optimization = False``); the
+    Trainer accumulates nothing (``accumulate_grad_batches`` is refused before the run)."""
+
+    def run_batch(self, batch: Any, batch_idx: int, is_boundary: bool, loop: TrainingLoopSteps) -> Any:
+        return loop.manual_training_step(batch, batch_idx)
+
+    def optimizer_steps(self, num_batches: int) -> int:
+        # What training_step steps is its own choice: one per batch is the estimate Lightning gives too.
+        return num_batches
+
+
+def accumulation_policy(
+    strategy: Strategy, accumulate: int, optimizers: Sequence[Optimizer], automatic_optimization: bool = True
+) -> AccumulationPolicy:
+    """The one place a strategy's training-step abilities are looked at (for manual optimization, which
+    strategies can run it is :func:`stratagem.trainer.manual_optimization.manual_optimization_problem`)."""
+    if not automatic_optimization:
+        return ManualOptimization()
     if isinstance(strategy, OwnsTrainingStep):
         return EngineTrainingSteps(strategy.run_training_steps, strategy.optimizer_steps_per_call)
     if isinstance(strategy, OwnsAccumulation):

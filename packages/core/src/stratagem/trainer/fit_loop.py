@@ -22,11 +22,13 @@ from stratagem.strategies.step_calls import step_calls
 from stratagem.trainer.accumulation import accumulation_policy
 from stratagem.trainer.data import batch_feed, count_batches, set_epoch
 from stratagem.trainer.evaluation_loop import run_evaluation
+from stratagem.trainer.manual_optimization import ManualSteps
 from stratagem.trainer.optimizers import step_schedulers
 from stratagem.trainer.progress import Throughput
 from stratagem.trainer.rng import capture_rng_state, loader_generators, restore_rng_state
 from stratagem.trainer.step_boundaries import step_boundary_callback
 from stratagem.trainer.step_checks import StepChecks
+from stratagem.trainer.step_hooks import StepHooks
 
 if TYPE_CHECKING:
     from stratagem.trainer.run_context import RunContext
@@ -58,7 +60,10 @@ class FitLoop:
         self.num_batches = count_batches(train_loader, settings.limit_train_batches, "limit_train_batches")
         self.optimizers = list(trainer.optimizers)
         self.accumulate = settings.accumulate_grad_batches
-        self.accumulation = accumulation_policy(self.strategy, self.accumulate, self.optimizers)
+        self.automatic_optimization = module.automatic_optimization
+        self.accumulation = accumulation_policy(
+            self.strategy, self.accumulate, self.optimizers, self.automatic_optimization
+        )
         self.at_step_boundary = step_boundary_callback(self.strategy)
         self.feed = batch_feed(self.strategy)
         self.stop_at_step = settings.max_steps if settings.max_steps != -1 else math.inf
@@ -71,7 +76,23 @@ class FitLoop:
         self._backward = calls.backward
         self._step_optimizer = calls.optimizer_step
         self._zero_grad = calls.zero_grad
-        self.checks = StepChecks(self.strategy, settings.nonfinite, self.progress)
+        self.checks = StepChecks(self.strategy, settings.nonfinite, self.progress, not self.automatic_optimization)
+        self.step_hooks = StepHooks(context.hooks, trainer, module)
+        self._hooks_before_backward = bool(self.step_hooks.before_backward)
+        self._hooks_after_backward = bool(self.step_hooks.after_backward)
+        self._hooks_before_optimizer_step = bool(self.step_hooks.before_optimizer_step)
+        self.manual: ManualSteps | None = None
+        if not self.automatic_optimization:
+            self.manual = ManualSteps(
+                self.strategy,
+                self.optimizers,
+                self._backward,
+                self._step_optimizer,
+                self.step_hooks,
+                self.checks.loss_is_usable if self.checks.needed else None,
+                self.at_step_boundary,
+                self._count_manual_step,
+            )
         self._checks_loss = self.checks.needed
         # Gradients a loss scaler already skips on are left to it (inf while it searches for its scale).
         self._checks_gradient_norm = (
@@ -80,8 +101,10 @@ class FitLoop:
             and not self.strategy.precision.skips_nonfinite_gradients
         )
         self._batch_idx = 0
-        # A strategy that steps the schedulers itself gets none stepped here, per step or per epoch.
-        self.scheduler_configs = [] if self.strategy.steps_lr_schedulers else trainer.lr_scheduler_configs
+        # A strategy that steps the schedulers itself gets none stepped here, per step or per epoch; neither
+        # does a module that optimizes manually (its training_step steps them, as in Lightning).
+        steps_own_schedulers = self.strategy.steps_lr_schedulers or not self.automatic_optimization
+        self.scheduler_configs = [] if steps_own_schedulers else trainer.lr_scheduler_configs
         self.step_schedulers = [config for config in self.scheduler_configs if config.interval == "step"]
         self.validation_enabled = bool(val_loaders) and settings.limit_val_batches != 0
         self.logs_steps = trainer.is_global_zero and bool(trainer.loggers)
@@ -99,6 +122,13 @@ class FitLoop:
     # -- the whole fit --------------------------------------------------------------------------
 
     def run(self, checkpoint_rng: dict[str, Any] | None) -> None:
+        self.context.manual = self.manual
+        try:
+            self._run(checkpoint_rng)
+        finally:
+            self.context.manual = None
+
+    def _run(self, checkpoint_rng: dict[str, Any] | None) -> None:
         trainer, module, hooks = self.trainer, self.module, self.hooks
         trainer.num_training_batches = self.num_batches
         trainer.estimated_total_steps = self._estimated_total_steps()
@@ -110,12 +140,15 @@ class FitLoop:
         hooks.call("on_train_start", trainer, module)
         self._pending_rng = checkpoint_rng
         self.progress.start_next_epoch_if_finished()
+        accelerator, device = self.strategy.accelerator, self.strategy.root_device
+        accelerator.reset_peak_memory(device)
         start_step, start_time = self.progress.global_step, time.perf_counter()
         self._train_start = start_time
         while self.num_batches != 0 and not self._done() and not self._epochs_done():
             if not self._run_epoch():
                 break
-        trainer.throughput = Throughput(self.progress.global_step - start_step, time.perf_counter() - start_time)
+        seconds = time.perf_counter() - start_time
+        trainer.throughput = Throughput(self.progress.global_step - start_step, seconds, self._peak_memory_per_rank())
         if self.logs_steps and self.progress.global_step % self.settings.log_every_n_steps != 0:
             # The last step's values are worth a row even between logging intervals.
             self._log_step_metrics()
@@ -123,6 +156,15 @@ class FitLoop:
         hooks.call("on_train_end", trainer, module)
         module.on_fit_end()
         hooks.call("on_fit_end", trainer, module)
+
+    def _peak_memory_per_rank(self) -> tuple[int | None, ...]:
+        strategy = self.strategy
+        peak = strategy.accelerator.peak_memory_bytes(strategy.root_device)
+        if strategy.world_size == 1:
+            return (peak,)
+        # Every rank ends the loop here together: one exchange per fit.
+        mine = torch.tensor([-1 if peak is None else peak], dtype=torch.int64, device=strategy.root_device)
+        return tuple(None if value < 0 else value for value in strategy.all_gather(mine).flatten().tolist())
 
     def _done(self) -> bool:
         return self.trainer.should_stop or self.progress.global_step >= self.stop_at_step
@@ -239,6 +281,12 @@ class FitLoop:
         return True
 
     def _no_step_message(self, batches: int) -> str:
+        if self.manual is not None:
+            return (
+                f"Epoch {self.progress.epoch - 1} made no optimizer step in {batches} batches: training_step (with "
+                "automatic_optimization = False) called step() on none of the optimizers self.optimizers() returns, "
+                f"so the run would never advance (global_step stays at {self.progress.global_step})."
+            )
         skipping = (
             ", or its step was skipped for a non-finite loss or gradient norm (nonfinite='skip'),"
             if self.settings.nonfinite == "skip"
@@ -334,7 +382,13 @@ class FitLoop:
         assert loss is not None
         # Kept as returned (a detach per step costs more than the rest of this method); read as a float only.
         self.context.last_loss = loss
-        self._backward(loss if scale_loss is None else scale_loss(loss))
+        if scale_loss is not None:
+            loss = scale_loss(loss)
+        if self._hooks_before_backward:
+            self.step_hooks.call_before_backward(loss)
+        self._backward(loss)
+        if self._hooks_after_backward:
+            self.step_hooks.call_after_backward()
         if self.at_step_boundary is not None:
             self.at_step_boundary("after_backward")
         self._window_has_grad = True
@@ -343,6 +397,9 @@ class FitLoop:
     def step_optimizers(self) -> None:
         if not self._window_has_grad:
             return
+        if self._hooks_before_optimizer_step:
+            for optimizer in self.optimizers:
+                self.step_hooks.call_before_optimizer_step(optimizer)
         if self.settings.gradient_clip_val is not None and not self._clip_gradients(self.settings.gradient_clip_val):
             for optimizer in self.optimizers:
                 self._zero_grad(optimizer)
@@ -375,6 +432,23 @@ class FitLoop:
             self.context.last_loss = loss.detach()
         for _ in range(optimizer_steps):
             self._count_optimizer_step()
+
+    def manual_training_step(self, batch: Any, batch_idx: int) -> Any:
+        assert self.manual is not None
+        self.manual.batch_idx = batch_idx
+        steps_before = self.progress.global_step
+        output = self._training_step(batch, batch_idx)
+        loss = _loss_of(output)
+        if loss is not None:
+            self.context.last_loss = loss.detach()
+        every = self.settings.log_every_n_steps
+        # Logged once per batch that crossed a logging interval, after training_step logged its values.
+        if self.logs_steps and self.progress.global_step // every != steps_before // every:
+            self._log_step_metrics()
+        return output
+
+    def _count_manual_step(self) -> None:
+        self.progress.global_step += 1
 
     def _count_optimizer_step(self) -> None:
         progress = self.progress

@@ -58,10 +58,20 @@ def _describe(value: object) -> str:
 
 @dataclass(frozen=True)
 class Throughput:
-    """Optimizer steps taken by the last fit call and the wall time of its training loop."""
+    """Optimizer steps taken by the last fit call, the wall time of its training loop, and each rank's peak memory."""
 
     steps: int = 0
     seconds: float = 0.0
+    peak_memory_bytes: tuple[int | None, ...] = ()
+    """Per rank, in rank order: the most memory the rank held during the fit's training loop, as its accelerator
+    counts it (the CUDA allocator's peak of tensor memory; on the CPU the process's peak resident memory),
+    ``None`` where the accelerator cannot tell."""
+
+    @property
+    def max_peak_memory_bytes(self) -> int | None:
+        """The largest rank's :attr:`peak_memory_bytes`."""
+        known = [value for value in self.peak_memory_bytes if value is not None]
+        return max(known) if known else None
 
     @property
     def steps_per_second(self) -> float:

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
 from stratagem.callbacks.callback import Callback
 from stratagem.trainer.callback_hooks import CallbackHooks
 from stratagem.trainer.metrics import LoggedMetrics
+
+if TYPE_CHECKING:
+    from stratagem.trainer.manual_optimization import ManualSteps
 
 
 @dataclass
@@ -27,6 +31,9 @@ class RunContext:
     last_loss: torch.Tensor | None = field(default=None)
     """The last training step's loss as ``training_step`` returned it (its graph already freed by backward),
     shown as ``loss`` on the progress bar; only ever read as a float."""
+    manual: ManualSteps | None = field(default=None)
+    """During a fit of a module with ``automatic_optimization = False``: what ``manual_backward`` and its
+    optimizers call; ``None`` otherwise."""
 
     @classmethod
     def for_callbacks(cls, callbacks: Sequence[Callback], metrics: LoggedMetrics | None = None) -> RunContext:

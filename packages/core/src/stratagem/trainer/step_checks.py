@@ -37,8 +37,12 @@ _OPTION_HINT = (
 class StepChecks:
     """Decides, on every rank alike, whether a training step may go on to backward and the optimizer step."""
 
-    def __init__(self, strategy: Strategy, nonfinite: NonFinite, progress: FitProgress) -> None:
+    def __init__(self, strategy: Strategy, nonfinite: NonFinite, progress: FitProgress, manual: bool = False) -> None:
         self.nonfinite = nonfinite
+        # Under manual optimization the loss reaches the check from manual_backward, and only "ignore" is another
+        # choice ("skip" is refused before such a run).
+        self._subject = "manual_backward got" if manual else "training_step returned"
+        self._hint = "Trainer(nonfinite='ignore') checks nothing." if manual else _OPTION_HINT
         self.progress = progress
         self.rank = strategy.global_rank
         # Decided once: one process has nobody to agree with, and with nonfinite="ignore" nothing is read.
@@ -79,9 +83,9 @@ class StepChecks:
         where = "" if self._alone else f" on {ranks}"
         if self.nonfinite == "error":
             raise RuntimeError(
-                f"training_step returned a non-finite loss{value}{where}{self._at(batch_idx)}. The run stops "
+                f"{self._subject} a non-finite loss{value}{where}{self._at(batch_idx)}. The run stops "
                 "before its backward and optimizer step, so the weights (and the last checkpoint) are those after "
-                f"step {self.progress.global_step}. {_OPTION_HINT}"
+                f"step {self.progress.global_step}. {self._hint}"
             )
         warnings.warn(
             f"Skipped the batch: training_step returned a non-finite loss{value}{where}{self._at(batch_idx)} "
@@ -100,7 +104,7 @@ class StepChecks:
             raise RuntimeError(
                 f"The gradient norm is {float(norm)}{self._at(batch_idx)}. The run stops before the optimizer step, "
                 f"so the weights (and the last checkpoint) are those after step {self.progress.global_step}. "
-                f"{_OPTION_HINT}"
+                f"{self._hint}"
             )
         warnings.warn(
             f"Skipped the optimizer step: the gradient norm is {float(norm)}{self._at(batch_idx)} "

@@ -17,6 +17,7 @@ from torch import nn
 
 from stratagem.callbacks.callback import Callback, RunStage
 from stratagem.callbacks.model_checkpoint import ModelCheckpoint
+from stratagem.callbacks.model_summary import ModelSummary
 from stratagem.callbacks.progress_bar import ProgressBar
 from stratagem.checkpoint_io import PathLike
 from stratagem.connector import Plugin, auto_strategy_name, resolve
@@ -39,6 +40,7 @@ from stratagem.trainer.data import as_loader_list, check_splittable, rebuilt_for
 from stratagem.trainer.evaluation_loop import EvaluationKind, run_evaluation
 from stratagem.trainer.fit_loop import FitLoop
 from stratagem.trainer.lightning_hooks import check_lightning_hooks
+from stratagem.trainer.manual_optimization import check_manual_optimization
 from stratagem.trainer.optimizers import SchedulerConfig, configured_optimizers
 from stratagem.trainer.predict_loop import run_prediction
 from stratagem.trainer.progress import FitProgress, Throughput
@@ -67,9 +69,11 @@ class Trainer:
     ``accumulate_grad_batches``, ``gradient_clip_val``, ``gradient_clip_algorithm``: stepping.
     ``default_root_dir``: where logs and checkpoints go (default: the working directory).
     ``logger``: ``True`` (CSV), ``False``, ``"csv"``, ``"tensorboard"``, a Logger, or a list.
-    ``callbacks``: extra :class:`~stratagem.callbacks.Callback` objects. ``seed`` seeds every
-    generator at construction and in every worker with :func:`stratagem.seed_everything` (DataLoader workers
-    too when ``seed_everything(..., workers=True)`` was called); ``deterministic`` turns on torch's
+    ``callbacks``: extra :class:`~stratagem.callbacks.Callback` objects; ``enable_progress_bar``,
+    ``enable_checkpointing`` and ``enable_model_summary`` add the default ProgressBar, ModelCheckpoint and
+    :class:`~stratagem.callbacks.ModelSummary` (what is trained, and each rank's share, said as fit starts).
+    ``seed`` seeds every generator at construction and in every worker with :func:`stratagem.seed_everything`
+    (DataLoader workers too when ``seed_everything(..., workers=True)`` was called); ``deterministic`` turns on torch's
     deterministic algorithms during runs. ``use_distributed_sampler=False`` leaves dataloaders
     as given when the strategy splits data.
     ``nonfinite``: what a training step whose loss, or gradient norm where ``gradient_clip_val`` has it computed,
@@ -108,6 +112,7 @@ class Trainer:
         default_root_dir: PathLike | None = None,
         enable_progress_bar: bool = True,
         enable_checkpointing: bool = True,
+        enable_model_summary: bool = True,
         logger: LoggerArgument = True,
         callbacks: Callback | Iterable[Callback] | None = None,
         log_every_n_steps: int = 50,
@@ -123,7 +128,7 @@ class Trainer:
         # The loop options are the parameters named like TrainerSettings' fields; parse_settings checks them all.
         arguments = locals()
         self.settings = parse_settings({name: arguments[name] for name in SETTING_NAMES})
-        self.callbacks = _arrange_callbacks(callbacks, enable_progress_bar, enable_checkpointing)
+        self.callbacks = _arrange_callbacks(callbacks, enable_progress_bar, enable_checkpointing, enable_model_summary)
         self.loggers = [] if self.settings.fast_dev_run else _make_loggers(logger, self.settings.default_root_dir)
         self.strategy = resolve(
             accelerator=accelerator,
@@ -374,10 +379,21 @@ class Trainer:
         compile_settings = compiled_with or self.compile_settings
         if not isinstance(weights_only, bool):
             raise TypeError(f"weights_only={weights_only!r} is not valid; expected True or False.")
-        planned = self._plan_strategy(module) if stage == "fit" and self._auto_request is not None else None
+        planned, kept = (
+            self._plan_strategy(module) if stage == "fit" and self._auto_request is not None else (None, None)
+        )
         self.strategy.check_run(stage)
         if isinstance(self.strategy, ChecksModuleBeforeLaunch):
             self.strategy.check_module(module, stage)
+        if stage == "fit":
+            check_manual_optimization(module, self.strategy, self.settings)
+            manual = not module.automatic_optimization
+            if manual != self.strategy.loop_settings.manual_optimization:
+                loop_settings = dataclasses.replace(self.strategy.loop_settings, manual_optimization=manual)
+                self.strategy.connect_loop_settings(loop_settings)
+            for callback in self.callbacks:
+                if isinstance(callback, ModelSummary):
+                    callback.describe(module, self.strategy, kept)
         checkpoint = resolve_ckpt_path(self, ckpt_path, stage)
         loaders = [as_loader_list(value, name) for value, name in zip(dataloaders, _ARGUMENT_NAMES[stage])]
         if self.settings.use_distributed_sampler and self.strategy.distributed_sampler_kwargs is not None:
@@ -408,9 +424,10 @@ class Trainer:
             output.apply(self, self._context, module)
         return output
 
-    def _plan_strategy(self, module: Module) -> str:
+    def _plan_strategy(self, module: Module) -> tuple[str, str | None]:
         """Replace the strategy ``auto`` resolved without a model by the fastest one the model fits in (once per
-        Trainer), saying why on stderr when that is not the usual choice; return the name for the workers."""
+        Trainer), saying why on stderr when that is not the usual choice; return the name for the workers, and
+        the reason when it kept the usual choice (for the model summary)."""
         request, self._auto_request = self._auto_request, None
         assert request is not None
         default = auto_strategy_name(self.strategy.world_size)
@@ -421,7 +438,8 @@ class Trainer:
             self.strategy.connect_loop_settings(settings)
             if reason is not None:
                 print(f"stratagem: {reason}", file=sys.stderr, flush=True)
-        return name
+            return name, None
+        return name, reason
 
     # -- in every worker ------------------------------------------------------------------------
 
@@ -576,11 +594,19 @@ _ARGUMENT_NAMES: dict[str, tuple[str, ...]] = {
 
 
 def _arrange_callbacks(
-    callbacks: Callback | Iterable[Callback] | None, enable_progress_bar: bool, enable_checkpointing: bool
+    callbacks: Callback | Iterable[Callback] | None,
+    enable_progress_bar: bool,
+    enable_checkpointing: bool,
+    enable_model_summary: bool,
 ) -> list[Callback]:
     """User callbacks with the defaults added, ordered: progress bar first, checkpoints last (so they
     see what every other callback logged or decided)."""
-    for name, flag in (("enable_progress_bar", enable_progress_bar), ("enable_checkpointing", enable_checkpointing)):
+    flags = (
+        ("enable_progress_bar", enable_progress_bar),
+        ("enable_checkpointing", enable_checkpointing),
+        ("enable_model_summary", enable_model_summary),
+    )
+    for name, flag in flags:
         if not isinstance(flag, bool):
             raise TypeError(f"{name}={flag!r} is not valid; expected True or False.")
     if callbacks is None:
@@ -608,6 +634,11 @@ def _arrange_callbacks(
         bars = [ProgressBar()]
     if enable_checkpointing and not checkpoints:
         checkpoints = [ModelCheckpoint()]
+    summaries = [callback for callback in others if isinstance(callback, ModelSummary)]
+    if summaries and not enable_model_summary:
+        raise ValueError("callbacks= contains a ModelSummary but enable_model_summary=False; remove one of them.")
+    if enable_model_summary and not summaries:
+        others = [*others, ModelSummary()]
     keys = [callback.state_key for callback in [*bars, *others, *checkpoints]]
     duplicates = sorted({key for key in keys if keys.count(key) > 1})
     if duplicates:
