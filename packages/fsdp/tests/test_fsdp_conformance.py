@@ -15,3 +15,14 @@ class TestModelParallelConforms(StrategyConformance):
     strategy_options = {"tp": 2, "tp_plan": {"net.0": "colwise", "net.2": "rowwise"}}
     devices = 2
     timeout = 300
+
+
+class TestPipelineConforms(StrategyConformance):
+    """The pipeline strategy at pp=2 with 1f1b: the kit's blocks (Linear, Tanh | Linear) cut into two stages, one per
+    rank, which read the same batches (the global batch). Its engine owns the step, so the own-loop checks are
+    skipped: the Runtime refuses it before any process starts."""
+
+    strategy = "pipeline"
+    strategy_options = {"pp": 2, "pipeline_schedule": "1f1b"}
+    devices = 2
+    timeout = 300
