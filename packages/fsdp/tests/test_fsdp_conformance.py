@@ -26,3 +26,13 @@ class TestPipelineConforms(StrategyConformance):
     strategy_options = {"pp": 2, "pipeline_schedule": "1f1b"}
     devices = 2
     timeout = 300
+
+
+class TestPipelineByShardingConforms(StrategyConformance):
+    """pp=2 x dp_shard=2 on 4 processes: each stage fully sharded over its 2 data ranks, which read different
+    batches (the kit's single_device reference takes twice the per-rank batch)."""
+
+    strategy = "pipeline"
+    strategy_options = {"pp": 2, "dp_shard": 2, "pipeline_schedule": "1f1b"}
+    devices = 4
+    timeout = 300
