@@ -15,3 +15,24 @@ class TestModelParallelConforms(StrategyConformance):
     strategy_options = {"tp": 2, "tp_plan": {"net.0": "colwise", "net.2": "rowwise"}}
     devices = 2
     timeout = 300
+
+
+class TestPipelineConforms(StrategyConformance):
+    """The pipeline strategy at pp=2 with 1f1b: the kit's blocks (Linear, Tanh | Linear) cut into two stages, one per
+    rank, which read the same batches (the global batch). Its engine owns the step, so the own-loop checks are
+    skipped: the Runtime refuses it before any process starts."""
+
+    strategy = "pipeline"
+    strategy_options = {"pp": 2, "pipeline_schedule": "1f1b"}
+    devices = 2
+    timeout = 300
+
+
+class TestPipelineByShardingConforms(StrategyConformance):
+    """pp=2 x dp_shard=2 on 4 processes: each stage fully sharded over its 2 data ranks, which read different
+    batches (the kit's single_device reference takes twice the per-rank batch)."""
+
+    strategy = "pipeline"
+    strategy_options = {"pp": 2, "dp_shard": 2, "pipeline_schedule": "1f1b"}
+    devices = 4
+    timeout = 300

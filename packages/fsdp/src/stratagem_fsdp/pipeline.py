@@ -18,6 +18,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_model_state_dict,
     set_optimizer_state_dict,
 )
+from torch.distributed.device_mesh import DeviceMesh
 from torch.optim import Optimizer
 
 from stratagem.checkpoint_io import LazyCheckpoint, read_full_checkpoint
@@ -27,7 +28,7 @@ from stratagem.pipelining.engine import PipelineEngine
 from stratagem.pipelining.memory import PipelineShape, pipeline_estimate
 from stratagem.pipelining.schedules import check_schedule, rank_stages, schedule_kind
 from stratagem.pipelining.split import StageSplit, split_module
-from stratagem.pipelining.stage_modules import hand_out_stages, holder_pairs, stage_view
+from stratagem.pipelining.stage_modules import hand_out_stages, holder_pairs, keep_stages, stage_view
 from stratagem.pipelining.windows import BatchWindows
 from stratagem.strategies import (
     ChecksModuleBeforeLaunch,
@@ -266,16 +267,26 @@ class PipelineStrategy(ModelParallelStrategy, OwnsTrainingStep, RebuildsDataLoad
         self._engine = self._make_engine()
         return module
 
-    def _shard_stage(self, module: nn.Module, view: nn.Module, split: StageSplit, stage: int) -> None:
-        """``fully_shard`` each block and end piece of a stage, then the stage itself, over the data ranks."""
+    def _shard_stage(
+        self,
+        module: nn.Module,
+        view: nn.Module,
+        split: StageSplit,
+        stage: int,
+        mesh: DeviceMesh | None = None,
+        kwargs: dict[str, Any] | None = None,
+    ) -> None:
+        """``fully_shard`` each block and end piece of a stage, then the stage itself, over the data ranks (the
+        run's mesh and ``fully_shard`` arguments unless given)."""
         from torch.distributed.fsdp import fully_shard
 
-        kwargs = {
-            "mp_policy": mixed_precision_policy(self.mixed_precision, self.precision),
-            "offload_policy": self._configured_offload_policy,
-            **self._fully_shard_kwargs,
-        }
-        mesh = self._sharding_mesh
+        if kwargs is None:
+            kwargs = {
+                "mp_policy": mixed_precision_policy(self.mixed_precision, self.precision),
+                "offload_policy": self._configured_offload_policy,
+                **self._fully_shard_kwargs,
+            }
+        mesh = self._sharding_mesh if mesh is None else mesh
         for piece in split.pieces(stage):
             submodule = _submodule_or_none(view, piece)
             if submodule is not None and any(True for _ in submodule.parameters()):
@@ -287,6 +298,26 @@ class PipelineStrategy(ModelParallelStrategy, OwnsTrainingStep, RebuildsDataLoad
             for name, parameter in view_holder._parameters.items():
                 if parameter is not None:
                     holder._parameters[name] = parameter
+
+    def rehearse_setup(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        # setup_module's cut on the rehearsal's mesh: this rank keeps its stages, each fully sharded over the data
+        # ranks. Rank 0's values, the precision's casts and the offload policy move tensors: they are left out.
+        pp = device_mesh["pp"].size()
+        micro_batches = self._micro_batches if self._micro_batches is not None else max(1, pp)
+        stages_per_rank = check_schedule(self.pipeline_schedule, pp, self._stages_per_rank_option, micro_batches)
+        split = split_module(module, pp * stages_per_rank, self.pipeline_split, self.pipeline_blocks)
+        own = rank_stages(
+            schedule_kind(self.pipeline_schedule), device_mesh["pp"].get_local_rank(), pp, stages_per_rank
+        )
+        keep_stages(module, split, own)
+        replicas, shards = device_mesh["dp_replicate"].size(), device_mesh["dp_shard"].size()
+        if replicas * shards > 1:
+            mesh = device_mesh["dp_replicate", "dp_shard"] if replicas > 1 else device_mesh["dp_shard"]
+            for stage in own:
+                self._shard_stage(
+                    module, stage_view(module, split, stage), split, stage, mesh, self._fully_shard_kwargs
+                )
+        return module
 
     def _make_engine(self) -> PipelineEngine:
         assert self._split is not None

@@ -53,11 +53,15 @@ class CheckSkipped(Exception):
 
 
 class ConformanceModule(Module):
-    """A small regression model whose result depends only on the data and on rank 0's seed."""
+    """A small regression model whose result depends only on the data and on rank 0's seed.
+
+    Its layers are a list of blocks that ``forward`` runs in turn, and its loss is also ``pipeline_loss``: a
+    pipeline strategy can cut it into stages (each holding some of the blocks) and compute the loss on the last.
+    """
 
     def __init__(self) -> None:
         super().__init__()
-        self.net: nn.Module | None = None
+        self.net: nn.ModuleList | None = None
 
     def configure_model(self) -> None:
         if self.net is None:
@@ -67,11 +71,17 @@ class ConformanceModule(Module):
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:
         assert self.net is not None
-        return self.net(features)
+        # A loop, not net(features): a pipeline stage holds only some of the blocks.
+        for block in self.net:
+            features = block(features)
+        return features
+
+    def pipeline_loss(self, output: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return functional.mse_loss(output, targets)
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         features, targets = batch
-        loss = functional.mse_loss(self(features), targets)
+        loss = self.pipeline_loss(self(features), targets)
         self.log("train_loss", loss)
         return loss
 
@@ -83,9 +93,12 @@ class ConformanceModule(Module):
         return torch.optim.SGD(self.parameters(), lr=0.05)
 
 
-def build_net() -> nn.Module:
-    """The layers of :class:`ConformanceModule`, drawn from torch's current random state."""
-    return nn.Sequential(nn.Linear(FEATURES, 16), nn.Tanh(), nn.Linear(16, 1))
+def build_net() -> nn.ModuleList:
+    """The blocks of :class:`ConformanceModule`, drawn from torch's current random state.
+
+    Named ``net.0`` (Linear), ``net.1`` (Tanh) and ``net.2`` (Linear), as a ``Sequential`` would name them.
+    """
+    return nn.ModuleList([nn.Linear(FEATURES, 16), nn.Tanh(), nn.Linear(16, 1)])
 
 
 def probe_collectives(strategy: Strategy) -> None:
