@@ -69,3 +69,23 @@ def test_dry_run_names_the_pipeline_cuts_the_real_run_would_refuse():
     beyond = registry.strategies.create("pipeline", pipeline_split=["model.layers.6"])
     past_the_end = rehearse(module, "pipeline", beyond, _layout(pp=2), [0])
     assert "model.layers.6" in past_the_end.ranks[0].problems[0]
+
+
+@pytest.mark.timeout(120)
+def test_plan_counts_no_pipeline_layout_with_more_stages_than_blocks_as_fitting():
+    module = LlamaModule("tiny", **MODULE_ARGS)
+    plan = plan_cluster(
+        module,
+        {"pipeline": registry.strategies.create("pipeline")},
+        ClusterTarget(64, PER_NODE, device_spec("h100-80gb")),
+        batch_size=2,
+        seq_len=16,
+    )
+    deep = [c for c in plan.candidates if c.layout["pp"] > MODULE_ARGS["layers"]]
+    shallow = [c for c in plan.candidates if 1 < c.layout["pp"] <= MODULE_ARGS["layers"]]
+    assert deep
+    assert shallow
+    assert all(c.problem == f"{c.layout['pp']} pipeline stages, but the module has 4 blocks to cut" for c in deep)
+    assert all(c.fits for c in shallow)
+    # Its default takes every rank as a stage (pp=64): auto's choice must come from a layout the model can hold.
+    assert plan.auto_choice is None or plan.auto_choice.layout["pp"] <= MODULE_ARGS["layers"]

@@ -388,8 +388,11 @@ def _candidate(
     memory = rank_memory(sharding, layout, workload, tp_share)
     step = step_time(sharding, layout, workload, target, tp_share)
     problem = None
+    blocks = len(workload.block_output_bytes)
     if layout["tp"] > 1 and tp_share >= 1.0:
         problem = "the module splits nothing over tp"
+    elif layout["pp"] > 1 and 0 < blocks < layout["pp"]:
+        problem = f"{layout['pp']} pipeline stages, but the module has {blocks} blocks to cut"
     elif memory.device > SAFETY_MARGIN * target.device.memory_bytes:
         problem = "does not fit"
     shape = workload.micro_batch
