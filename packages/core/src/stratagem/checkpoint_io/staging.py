@@ -68,17 +68,24 @@ class ProcessGroupRanks:
         return all(decisions) if all_ranks else any(decisions)
 
     def write_on_rank_zero(self, write: Callable[[], None], description: str) -> None:
-        failure: BaseException | None = None
-        if self.is_global_zero:
-            try:
-                write()
-            except BaseException as error:
-                failure = error
-        outcome = self.broadcast(None if failure is None else f"{type(failure).__name__}: {failure}")
-        if failure is not None:
-            raise failure
-        if outcome is not None:
-            raise RuntimeError(f"{description} failed on rank 0: {outcome}")
+        rank_zero_writes(self, write, description)
+
+
+def rank_zero_writes(ranks: CheckpointRanks, write: Callable[[], None], description: str) -> None:
+    """Run ``write`` on rank 0 alone; every rank raises when it failed (rank 0 its own error, the others naming
+    ``description``). The broadcast also holds the other ranks until rank 0 is done, so what it wrote is there for
+    all once this returns."""
+    failure: BaseException | None = None
+    if ranks.is_global_zero:
+        try:
+            write()
+        except BaseException as error:
+            failure = error
+    outcome = ranks.broadcast(None if failure is None else f"{type(failure).__name__}: {failure}")
+    if failure is not None:
+        raise failure
+    if outcome is not None:
+        raise RuntimeError(f"{description} failed on rank 0: {outcome}")
 
 
 def write_staged(

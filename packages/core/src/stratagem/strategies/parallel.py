@@ -14,6 +14,7 @@ from torch.optim import Optimizer
 
 from stratagem.accelerators import Accelerator
 from stratagem.checkpoint_io import CheckpointIO, PathLike
+from stratagem.checkpoint_io.staging import rank_zero_writes
 from stratagem.environments.cluster_environment import ClusterEnvironment
 from stratagem.launchers import Launcher, check_start_method, create_launcher
 from stratagem.launchers.rendezvous import check_placement
@@ -384,18 +385,7 @@ class ParallelStrategy(Strategy, ABC):
         if not _distributed_ready():
             super().write_on_rank_zero(write, description)
             return
-        failure: BaseException | None = None
-        if self.is_global_zero:
-            try:
-                write()
-            except BaseException as error:
-                failure = error
-        # Also what holds the other ranks until rank 0 is done: after this, what it wrote is there for all.
-        outcome = self.broadcast(None if failure is None else f"{type(failure).__name__}: {failure}")
-        if failure is not None:
-            raise failure
-        if outcome is not None:
-            raise RuntimeError(f"{description} failed on rank 0: {outcome}")
+        rank_zero_writes(self, write, description)
 
     def teardown(self) -> None:
         super().teardown()
