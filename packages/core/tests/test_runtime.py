@@ -335,6 +335,11 @@ def test_a_bad_runtime_argument_fails_before_anything_starts():
         stratagem.Runtime(strategy="single_device", accelerator="cpu", precision="13-bits")
 
 
+def test_a_layout_the_strategy_cannot_run_is_refused_in_the_calling_process():
+    with pytest.raises(ValueError, match=r"layout=\(pp=1, dp_replicate=1, dp_shard=1, tp=2\) cannot run under"):
+        stratagem.Runtime(strategy="single_device", accelerator="cpu", devices=1, layout={"dp_shard": 1, "tp": 2})
+
+
 def _setup_optimizers_first(runtime):
     runtime.setup_optimizers(torch.optim.SGD(nn.Linear(1, 1).parameters(), lr=0.1))
 

@@ -291,6 +291,11 @@ def test_resolve_takes_a_layout_as_text_for_model_parallel():
     assert strategy.mesh_layout.shape == (1, 1, 2, 2)
 
 
+def test_an_own_loop_takes_the_layout_as_the_trainer_does():
+    runtime = stratagem.Runtime(strategy="model_parallel", layout="dp_shard=2,tp=2", accelerator="cpu", devices=4)
+    assert runtime.strategy.mesh_layout.shape == (1, 1, 2, 2)
+
+
 @pytest.mark.parametrize(
     ("plan", "message"),
     [

@@ -14,6 +14,7 @@ from torch.utils._pytree import tree_map
 
 from stratagem.checkpoint_io import PathLike
 from stratagem.connector import Plugin, resolve
+from stratagem.mesh import Degree, MeshLayout
 from stratagem.runtime.checkpoint_state import load_state, saved_state
 from stratagem.runtime.lifecycle import StrategyLifecycle
 from stratagem.runtime.wrappers import RuntimeDataLoader, RuntimeModule, RuntimeOptimizer, unwrapped, wrap_optimizer
@@ -35,7 +36,7 @@ class Runtime:
     """A strategy driven by the user's own loop: launch, set up, backward, step, save and load.
 
     Made with the Trainer's words (``strategy``, ``accelerator``, ``devices``, ``num_nodes``, ``precision``,
-    ``plugins``; a parallel layout travels on the strategy instance, as for the Trainer) and resolved by
+    ``plugins``, ``layout``: a mesh layout as ``resolve(layout=...)`` takes it) and resolved by
     :func:`stratagem.resolve` here, before any process starts, so a bad value fails in the calling process.
     ``launch(fn)`` runs ``fn(runtime, *args)`` on every rank; inside it, ``setup`` wraps the module and
     optimizers, ``setup_dataloaders`` splits data over the data-parallel ranks, and ``backward`` replaces
@@ -57,6 +58,7 @@ class Runtime:
         num_nodes: int = 1,
         precision: str | int | None = None,
         plugins: Plugin | Iterable[Plugin] | None = None,
+        layout: MeshLayout | dict[str, Degree] | str | None = None,
     ) -> None:
         resolved = resolve(
             accelerator=accelerator,
@@ -65,6 +67,7 @@ class Runtime:
             num_nodes=num_nodes,
             precision=precision,
             plugins=plugins,
+            layout=layout,
         )
         if isinstance(resolved, OwnsTrainingStep | RebuildsDataLoaders):
             raise ValueError(
