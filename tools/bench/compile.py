@@ -23,17 +23,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import socket
 import statistics
-import subprocess
-import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-BENCH_DIR = Path(__file__).resolve().parent
+from _ranks import run_ranks
+
 WIDTH = 256
 BLOCKS = 4
 MICRO_BATCH = 32
@@ -57,7 +53,7 @@ def main(argv: list[str]) -> int:
     results = {}
     for contender, world_size in CONTENDERS.items():
         spec = {"contender": contender, "steps": args.steps, "rounds": args.rounds, "backend": args.backend}
-        results[contender] = _run_ranks(spec, world_size)
+        results[contender] = run_ranks("compile", spec, world_size, timeout_s=3600)[0]
         print(_row(contender, results[contender]), flush=True)
     ok = all(result["compiled"]["ratio"] >= SPEED_TARGET for result in results.values())
     print(f"target: compiled strategy >= {SPEED_TARGET}x the hand-written compiled loop: {'OK' if ok else 'MISSED'}")
@@ -67,41 +63,6 @@ def main(argv: list[str]) -> int:
 
 
 # -- the calling process ------------------------------------------------------------------------
-
-
-def _run_ranks(spec: dict[str, Any], world_size: int) -> dict[str, Any]:
-    """Start every rank of one contender as a fresh process; return rank 0's report."""
-    with tempfile.TemporaryDirectory() as directory:
-        port = _free_port()
-        processes = []
-        for rank in range(world_size):
-            out = Path(directory) / f"rank{rank}.json"
-            env = {
-                **os.environ,
-                "MASTER_ADDR": "127.0.0.1",
-                "MASTER_PORT": str(port),
-                "LOCAL_RANK": str(rank),
-                "WORLD_SIZE": str(world_size),
-                "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
-            }
-            command = [
-                sys.executable,
-                str(BENCH_DIR / "run.py"),
-                "compile",
-                "--worker",
-                json.dumps({**spec, "out": str(out)}),
-            ]
-            processes.append((subprocess.Popen(command, env=env), out))
-        failed = [rank for rank, (process, _) in enumerate(processes) if process.wait(timeout=3600) != 0]
-        if failed:
-            raise RuntimeError(f"{spec['contender']}: rank(s) {failed} failed (see their output above)")
-        return json.loads(processes[0][1].read_text())
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def _row(contender: str, result: dict[str, Any]) -> str:

@@ -27,19 +27,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import resource
-import socket
 import statistics
-import subprocess
-import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-BENCH_DIR = Path(__file__).resolve().parent
+from _ranks import run_ranks
+
 WORLD_SIZE = 2
+_WORKER_ENV = {"DS_ACCELERATOR": "cpu", "MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_ARENA_MAX": "2"}
+"""DeepSpeed's CPU accelerator; glibc giving freed memory back at once, so peak RSS is what the ranks held."""
 HIDDEN = 2048
 LAYERS = 5
 MICRO_BATCH = 8
@@ -75,7 +73,7 @@ def main(argv: list[str]) -> int:
     results = {}
     for name in variants:
         spec = {"variant": name, "steps": args.steps, "rounds": args.rounds, "speed": name == SPEED_VARIANT}
-        results[name] = _run_pair(spec)
+        results[name] = {"ranks": run_ranks("deepspeed", spec, WORLD_SIZE, env=_WORKER_ENV, set_rank=True)}
         print(_row(name, results[name], results.get("0")), flush=True)
     report = _report(results)
     print(report["summary"])
@@ -85,45 +83,6 @@ def main(argv: list[str]) -> int:
 
 
 # -- the calling process ------------------------------------------------------------------------
-
-
-def _run_pair(spec: dict[str, Any]) -> dict[str, Any]:
-    """Start both ranks of one variant and collect what each reports."""
-    with tempfile.TemporaryDirectory() as directory:
-        port = _free_port()
-        processes = []
-        for rank in range(WORLD_SIZE):
-            out = Path(directory) / f"rank{rank}.json"
-            env = {
-                **os.environ,
-                "MASTER_ADDR": "127.0.0.1",
-                "MASTER_PORT": str(port),
-                "RANK": str(rank),
-                "LOCAL_RANK": str(rank),
-                "WORLD_SIZE": str(WORLD_SIZE),
-                "DS_ACCELERATOR": "cpu",
-                "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
-                "MALLOC_MMAP_THRESHOLD_": "65536",
-                "MALLOC_ARENA_MAX": "2",
-            }
-            command = [
-                sys.executable,
-                str(BENCH_DIR / "run.py"),
-                "deepspeed",
-                "--worker",
-                json.dumps({**spec, "out": str(out)}),
-            ]
-            processes.append((subprocess.Popen(command, env=env), out))
-        failed = [rank for rank, (process, _) in enumerate(processes) if process.wait(timeout=1800) != 0]
-        if failed:
-            raise RuntimeError(f"variant {spec['variant']}: rank(s) {failed} failed (see their output above)")
-        return {"ranks": [json.loads(out.read_text()) for _, out in processes]}
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def _row(name: str, result: dict[str, Any], baseline: dict[str, Any] | None) -> str:

@@ -31,19 +31,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import resource
-import socket
 import statistics
-import subprocess
-import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-BENCH_DIR = Path(__file__).resolve().parent
+from _ranks import run_ranks
+
 WORLD_SIZE = 2
+_ALLOCATOR = {"MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_ARENA_MAX": "2"}
+"""glibc giving freed memory back at once, so peak RSS is what the ranks held."""
 WIDTH = 2048
 LAYERS = 5
 MICRO_BATCH = 8
@@ -78,7 +76,7 @@ def main(argv: list[str]) -> int:
             "rounds": args.rounds,
             "release_host_memory": RELEASE_CHOICES[args.release_host_memory],
         }
-        results[contender] = _run_ranks(spec)
+        results[contender] = {"ranks": run_ranks("fsdp", spec, WORLD_SIZE, env=_ALLOCATOR)}
         print(_row(contender, results[contender]), flush=True)
     report = _report(results)
     print(report["summary"])
@@ -88,43 +86,6 @@ def main(argv: list[str]) -> int:
 
 
 # -- the calling process ------------------------------------------------------------------------
-
-
-def _run_ranks(spec: dict[str, Any]) -> dict[str, Any]:
-    """Start both ranks of one contender as fresh processes and collect what each reports."""
-    with tempfile.TemporaryDirectory() as directory:
-        port = _free_port()
-        processes = []
-        for rank in range(WORLD_SIZE):
-            out = Path(directory) / f"rank{rank}.json"
-            env = {
-                **os.environ,
-                "MASTER_ADDR": "127.0.0.1",
-                "MASTER_PORT": str(port),
-                "LOCAL_RANK": str(rank),
-                "WORLD_SIZE": str(WORLD_SIZE),
-                "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
-                "MALLOC_MMAP_THRESHOLD_": "65536",
-                "MALLOC_ARENA_MAX": "2",
-            }
-            command = [
-                sys.executable,
-                str(BENCH_DIR / "run.py"),
-                "fsdp",
-                "--worker",
-                json.dumps({**spec, "out": str(out)}),
-            ]
-            processes.append((subprocess.Popen(command, env=env), out))
-        failed = [rank for rank, (process, _) in enumerate(processes) if process.wait(timeout=1800) != 0]
-        if failed:
-            raise RuntimeError(f"{spec['contender']}: rank(s) {failed} failed (see their output above)")
-        return {"ranks": [json.loads(out.read_text()) for _, out in processes]}
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def _row(contender: str, result: dict[str, Any]) -> str:

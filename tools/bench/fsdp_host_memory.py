@@ -24,17 +24,14 @@ import argparse
 import json
 import os
 import resource
-import socket
 import statistics
-import subprocess
-import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-BENCH_DIR = Path(__file__).resolve().parent
+from _ranks import run_ranks
+
 WORLD_SIZE = 2
 SPEED_TARGET = 0.97
 CONTENDERS = ("raw", "fsdp", "fsdp_release")
@@ -74,7 +71,7 @@ def main(argv: list[str]) -> int:
         rounds = []
         for round_index in range(args.rounds):
             order = CONTENDERS if round_index % 2 == 0 else tuple(reversed(CONTENDERS))
-            rounds.append({contender: _run_ranks(name, contender) for contender in order})
+            rounds.append({contender: _contender(name, contender) for contender in order})
         summary = _summary(rounds)
         results[name] = {"rounds": rounds, "summary": summary}
         ok &= summary["fsdp"]["steps_ratio"] >= SPEED_TARGET
@@ -88,36 +85,12 @@ def main(argv: list[str]) -> int:
 # -- the calling process ------------------------------------------------------------------------
 
 
-def _run_ranks(workload: str, contender: str) -> dict[str, Any]:
+def _contender(workload: str, contender: str) -> dict[str, Any]:
     """Both ranks of one contender as fresh processes; rank 0's timings and every rank's peak RSS."""
-    with tempfile.TemporaryDirectory() as directory:
-        port = _free_port()
-        processes = []
-        for rank in range(WORLD_SIZE):
-            out = Path(directory) / f"rank{rank}.json"
-            env = {
-                **{key: value for key, value in os.environ.items() if not key.startswith("MALLOC_")},
-                "MASTER_ADDR": "127.0.0.1",
-                "MASTER_PORT": str(port),
-                "RANK": str(rank),
-                "LOCAL_RANK": str(rank),
-                "WORLD_SIZE": str(WORLD_SIZE),
-                "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
-            }
-            spec = {"workload": workload, "contender": contender, "out": str(out)}
-            command = [sys.executable, str(BENCH_DIR / "run.py"), "fsdp_host_memory", "--worker", json.dumps(spec)]
-            processes.append((subprocess.Popen(command, env=env), out))
-        failed = [rank for rank, (process, _) in enumerate(processes) if process.wait(timeout=1800) != 0]
-        if failed:
-            raise RuntimeError(f"{workload}/{contender}: rank(s) {failed} failed (see their output above)")
-        ranks = [json.loads(out.read_text()) for _, out in processes]
+    # Allocator settings from the caller's shell are dropped: each contender sets its own in the worker.
+    spec = {"workload": workload, "contender": contender}
+    ranks = run_ranks("fsdp_host_memory", spec, WORLD_SIZE, set_rank=True, drop_env_prefixes=("MALLOC_",))
     return {**ranks[0], "peak_rss_bytes": [rank["peak_rss_bytes"] for rank in ranks]}
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def _summary(rounds: list[dict[str, Any]]) -> dict[str, Any]:

@@ -22,16 +22,13 @@ import argparse
 import json
 import math
 import os
-import socket
 import statistics
-import subprocess
-import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-BENCH_DIR = Path(__file__).resolve().parent
+from _ranks import run_ranks
+
 VOCAB, WIDTH, HEADS, DEPTH, SEQUENCE, MICRO_BATCH = 512, 256, 8, 4, 64, 8
 SPEED_TARGET = 0.97
 PLAN = {
@@ -64,7 +61,9 @@ def main(argv: list[str]) -> int:
     if -1 in layout.shape:
         parser.error(f"--layout={args.layout!r}: give every size (the world size is their product).")
     world_size = math.prod(layout.shape)
-    speed = _run_ranks({"layout": args.layout, "steps": args.steps, "rounds": args.rounds}, world_size)
+    speed = run_ranks(
+        "model_parallel", {"layout": args.layout, "steps": args.steps, "rounds": args.rounds}, world_size
+    )[0]
     ok = speed["ratio"] >= SPEED_TARGET
     print(
         f"layout {args.layout} on {world_size} processes ({os.cpu_count()} CPUs, load average "
@@ -77,37 +76,6 @@ def main(argv: list[str]) -> int:
     if args.json is not None:
         args.json.write_text(json.dumps({"layout": args.layout, **speed}, indent=2))
     return 0 if ok else 1
-
-
-def _run_ranks(spec: dict[str, Any], world_size: int) -> dict[str, Any]:
-    with tempfile.TemporaryDirectory() as directory:
-        port = _free_port()
-        processes = []
-        for rank in range(world_size):
-            out = Path(directory) / f"rank{rank}.json"
-            env = {
-                **os.environ,
-                "MASTER_ADDR": "127.0.0.1",
-                "MASTER_PORT": str(port),
-                "LOCAL_RANK": str(rank),
-                "WORLD_SIZE": str(world_size),
-                "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
-            }
-            command = [sys.executable, str(BENCH_DIR / "run.py"), "model_parallel", "--worker"]
-            processes.append((subprocess.Popen([*command, json.dumps({**spec, "out": str(out)})], env=env), out))
-        failed = [rank for rank, (process, _) in enumerate(processes) if process.wait(timeout=1800) != 0]
-        if failed:
-            raise RuntimeError(f"rank(s) {failed} failed (see their output above)")
-        return dict(json.loads(processes[0][1].read_text()))
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
-# -- in each rank -------------------------------------------------------------------------------
 
 
 def _decoder() -> Any:

@@ -19,17 +19,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import socket
 import statistics
-import subprocess
-import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-BENCH_DIR = Path(__file__).resolve().parent
+from _ranks import run_ranks
+
 SPEED_TARGET = 0.97
 WIDTH = 256
 DEPTH = 8
@@ -56,7 +52,7 @@ def main(argv: list[str]) -> int:
         return 0
     if args.steps < 1 or args.rounds < 1:
         parser.error(f"--steps={args.steps} and --rounds={args.rounds} must be at least 1.")
-    result = _run_ranks({"schedule": args.schedule, "steps": args.steps, "rounds": args.rounds})
+    result = run_ranks("pipeline", {"schedule": args.schedule, "steps": args.steps, "rounds": args.rounds}, 2)[0]
     ratio = statistics.median(result["ratios"])
     ok = ratio >= SPEED_TARGET
     print(f"{'contender':<14}{'steps/s (median round)':>24}")
@@ -69,37 +65,6 @@ def main(argv: list[str]) -> int:
     if args.json is not None:
         args.json.write_text(json.dumps({**result, "ratio": ratio, "schedule": args.schedule}, indent=2))
     return 0 if ok else 1
-
-
-def _run_ranks(spec: dict[str, Any]) -> dict[str, Any]:
-    """Start both ranks as fresh processes; rank 0's measurements."""
-    with tempfile.TemporaryDirectory() as directory:
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            port = probe.getsockname()[1]
-        processes = []
-        for rank in range(2):
-            out = Path(directory) / f"rank{rank}.json"
-            env = {
-                **os.environ,
-                "MASTER_ADDR": "127.0.0.1",
-                "MASTER_PORT": str(port),
-                "LOCAL_RANK": str(rank),
-                "WORLD_SIZE": "2",
-                "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
-            }
-            command = [
-                sys.executable,
-                str(BENCH_DIR / "run.py"),
-                "pipeline",
-                "--worker",
-                json.dumps({**spec, "out": str(out)}),
-            ]
-            processes.append((subprocess.Popen(command, env=env), out))
-        failed = [rank for rank, (process, _) in enumerate(processes) if process.wait(timeout=1800) != 0]
-        if failed:
-            raise RuntimeError(f"rank(s) {failed} failed (see their output above)")
-        return json.loads(processes[0][1].read_text())
 
 
 def _decoder() -> Any:

@@ -38,11 +38,19 @@ def available() -> dict[str, str]:
 
 
 def load(name: str) -> ModuleType:
+    # Files named _*.py hold what several benchmarks share; they import them by that name (``import _ranks``),
+    # which no installed package takes.
+    for support in sorted(BENCH_DIR.glob("_*.py")):
+        if support.stem not in sys.modules:
+            _load_file(support, support.stem)
     stem = ALIASES.get(name, name)
-    path = BENCH_DIR / f"{stem}.py"
-    spec = importlib.util.spec_from_file_location(f"_stratagem_bench_{stem}", path)
+    return _load_file(BENCH_DIR / f"{stem}.py", f"_stratagem_bench_{stem}")
+
+
+def _load_file(path: Path, module_name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(module_name, path)
     if spec is None or spec.loader is None:
-        raise ImportError(f"cannot load the benchmark {name!r} from {path}")
+        raise ImportError(f"cannot load {module_name!r} from {path}")
     module = importlib.util.module_from_spec(spec)
     # dataclasses (and pickle) look a module up in sys.modules while it executes.
     sys.modules[spec.name] = module
