@@ -28,6 +28,17 @@ class TestPipelineConforms(StrategyConformance):
     timeout = 300
 
 
+class TestInterleavedPipelineConforms(StrategyConformance):
+    """interleaved_1f1b with 2 stages per rank at pp=2: the kit's module with a fourth block (Linear, Tanh, Linear,
+    Linear), one block per stage; rank 0 holds stages 0 and 2, rank 1 stages 1 and 3."""
+
+    strategy = "pipeline"
+    strategy_options = {"pp": 2, "pipeline_schedule": "interleaved_1f1b", "stages_per_rank": 2, "micro_batches": 2}
+    blocks = 4
+    devices = 2
+    timeout = 300
+
+
 class TestPipelineByShardingConforms(StrategyConformance):
     """pp=2 x dp_shard=2 on 4 processes: each stage fully sharded over its 2 data ranks, which read different
     batches (the kit's single_device reference takes twice the per-rank batch)."""
