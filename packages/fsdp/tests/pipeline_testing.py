@@ -160,3 +160,39 @@ def hand_written_pipeline(schedule_name: str, micro_batches: int, stages_per_ran
         dist.broadcast(loss, src=last_holder)
         losses.append(loss.item())
     return losses
+
+
+TP_PLAN = {"layers.*.up": "colwise", "layers.*.down": "rowwise"}
+"""The decoder's MLPs split over the ``"tp"`` ranks (its attention, whose ``qkv`` is split by width, stays whole)."""
+
+
+def hand_written_pipeline_with_tp(schedule_name: str, micro_batches: int, seed: int = 0) -> list:
+    """pp=2 x tp=2 by hand on 4 ranks: each rank builds the model as one process does, keeps its stage, splits
+    its blocks' MLPs over its tp pair with ``parallelize_module``, and trains through the schedule on the pp group."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.pipelining import PipelineStage, schedules
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    torch.manual_seed(seed)
+    model = TinyGPT()
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("pp", "tp"))
+    stage, pp_group = mesh["pp"].get_local_rank(), mesh["pp"].get_group()
+    per_stage = DEPTH // 2
+    module = _HandStage(model, range(stage * per_stage, (stage + 1) * per_stage))
+    for block in module.blocks:
+        parallelize_module(block, mesh["tp"], {"up": ColwiseParallel(), "down": RowwiseParallel()})
+    pipeline_stage = PipelineStage(module, stage, 2, torch.device("cpu"), group=pp_group)
+    schedule = getattr(schedules, schedule_name)(
+        pipeline_stage, n_microbatches=micro_batches, loss_fn=model.pipeline_loss
+    )
+    optimizer = torch.optim.AdamW(module.parameters(), lr=LEARNING_RATE)
+    losses = []
+    for tokens, targets in global_batches():
+        step_losses: list[torch.Tensor] = []
+        schedule.step(tokens, target=targets, losses=step_losses)
+        optimizer.step()
+        optimizer.zero_grad()
+        loss = torch.stack(step_losses).mean() if step_losses else torch.zeros(())
+        dist.broadcast(loss, src=dist.get_global_rank(pp_group, 1), group=pp_group)
+        losses.append(loss.item())
+    return losses

@@ -12,11 +12,14 @@ import torch.distributed as dist
 from pipeline_testing import (
     GLOBAL_BATCH,
     STEPS,
+    TP_PLAN,
     TinyGPT,
     global_batches,
     hand_written_pipeline,
+    hand_written_pipeline_with_tp,
     single_process_losses,
 )
+from torch.distributed.tensor import DTensor
 from torch.utils.data import DataLoader, TensorDataset
 
 import stratagem
@@ -25,7 +28,7 @@ from stratagem.callbacks import Callback, ModelCheckpoint
 from stratagem.testing import DistributedWorkers
 from stratagem_fsdp import PipelineStrategy
 
-pytestmark = [pytest.mark.distributed, pytest.mark.filterwarnings("ignore:devices=4 starts 4 CPU processes")]
+pytestmark = [pytest.mark.distributed, pytest.mark.filterwarnings("ignore:devices=[48] starts [48] CPU processes")]
 
 # Measured: the pipeline's losses equal the hand-written loop's exactly, and one process's to 5e-7.
 LOSS_TOLERANCE = 1e-5
@@ -79,6 +82,7 @@ def _fit(
         "val_loss": float(trainer.callback_metrics["val_loss"]),
         "train_loss": float(trainer.callback_metrics["train_loss"]),
         "own": sorted(name for name, _ in module.named_parameters()),
+        "split": sorted(name for name, parameter in module.named_parameters() if isinstance(parameter, DTensor)),
         "best": str(trainer.checkpoint_callback.best_model_path) if save else None,
     }
 
@@ -111,6 +115,12 @@ def _validation_loss(weights: dict[str, torch.Tensor]) -> float:
 @pytest.fixture(scope="module")
 def workers():
     with DistributedWorkers(2, env={"OMP_NUM_THREADS": "1"}) as pool:
+        yield pool
+
+
+@pytest.fixture(scope="module")
+def four_workers():
+    with DistributedWorkers(4, env={"OMP_NUM_THREADS": "1"}) as pool:
         yield pool
 
 
@@ -328,9 +338,8 @@ def test_a_pipeline_checkpoint_loads_into_other_schedules_and_a_single_device_on
 
 
 @pytest.mark.timeout(240)
-def test_pp_2_by_dp_shard_2_trains_like_one_process_on_4_processes(tmp_path, reference):
-    with DistributedWorkers(4, env={"OMP_NUM_THREADS": "1"}) as pool:
-        results = pool.run(_fit, str(tmp_path), {"pp": 2, "dp_shard": 2, "micro_batches": 2}, data_parallel=2)
+def test_pp_2_by_dp_shard_2_trains_like_one_process_on_4_processes(four_workers, tmp_path, reference):
+    results = four_workers.run(_fit, str(tmp_path), {"pp": 2, "dp_shard": 2, "micro_batches": 2}, data_parallel=2)
     # Ranks 0, 1 are the first stage's data-parallel pair, 2, 3 the last's; each pair's mean is the global batch's.
     for step in range(STEPS):
         mean = (results[0]["losses"][step] + results[1]["losses"][step]) / 2
@@ -339,12 +348,31 @@ def test_pp_2_by_dp_shard_2_trains_like_one_process_on_4_processes(tmp_path, ref
     assert "head.weight" in results[2]["own"]
 
 
+@pytest.mark.timeout(240)
+def test_pp_2_by_tp_2_trains_like_the_hand_written_loop_and_one_process_on_4_processes(
+    four_workers, tmp_path, reference
+):
+    results = four_workers.run(_fit, str(tmp_path), {"pp": 2, "tp": 2, "tp_plan": TP_PLAN, "micro_batches": 2})
+    hand = four_workers.run(hand_written_pipeline_with_tp, "Schedule1F1B", 2)
+    _, weights = reference
+    for result, expected in zip(results, hand, strict=True):
+        assert result["losses"] == pytest.approx(expected, abs=LOSS_TOLERANCE)
+        assert result["losses"] == pytest.approx(reference[0], abs=LOSS_TOLERANCE)
+        assert result["val_loss"] == pytest.approx(_validation_loss(weights), abs=LOSS_TOLERANCE)
+    # Ranks 0, 1 are the first stage's tp pair, 2, 3 the last's: each splits its own blocks' MLPs.
+    assert results[0]["split"] == results[1]["split"] == [f"layers.{i}.{n}" for i in (0, 1) for n in _MLP]
+    assert results[2]["split"] == [f"layers.{i}.{n}" for i in (2, 3) for n in _MLP]
+
+
+_MLP = ("down.bias", "down.weight", "up.bias", "up.weight")
+
+
 # -- refused in the calling process, before any process starts ------------------------------------
 
 
-def _trainer(**options: Any) -> Trainer:
+def _trainer(devices: int = 2, **options: Any) -> Trainer:
     return Trainer(
-        strategy=PipelineStrategy(**options), accelerator="cpu", devices=2, max_steps=1, logger=False,
+        strategy=PipelineStrategy(**options), accelerator="cpu", devices=devices, max_steps=1, logger=False,
         enable_progress_bar=False, enable_checkpointing=False,
     )  # fmt: skip
 
@@ -371,6 +399,11 @@ def test_settings_the_module_or_batch_cannot_honour_are_refused_before_launch(op
         ({"pipeline_schedule": "1f1b", "micro_batches": 1}, r"at least as many micro-batches as stages"),
         ({"pp": 3}, r"pp=3, dp_replicate=1, dp_shard=1, tp=1.*not to the 2 processes"),
         ({"state_dict_type": "full"}, r"state_dict_type='full' cannot work with the pipeline strategy"),
+        ({"pp": 1, "tp": 2}, r"tp=2 with the pipeline strategy needs tp_plan="),
+        (
+            {"devices": 8, "pp": 2, "tp": 2, "dp_shard": 2, "tp_plan": {"layers.*.up": "colwise"}},
+            r"composes tp or data parallelism with pp, not both yet",
+        ),
     ],
 )
 def test_a_schedule_or_layout_that_cannot_run_is_refused_when_the_trainer_is_made(options, message):
