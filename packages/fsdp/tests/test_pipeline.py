@@ -71,10 +71,16 @@ def _fit(
     after: dict[str, Any] = {}
     if save:
         # The same module and strategy again in this process: its stages are set up on a new pipeline.
+        chunks: list[int] = []
+        hooks = [
+            block.register_forward_pre_hook(lambda _, args: chunks.append(args[0].shape[0])) for block in module.layers
+        ]
         [validated] = trainer.validate(module, _loader(data_parallel))
+        for hook in hooks:
+            hook.remove()
         tokens = global_batches(1, seed=7)[0][0]
         [predicted] = trainer.predict(module, DataLoader(tokens, batch_size=GLOBAL_BATCH))
-        after = {"validated": validated["val_loss"], "predicted": predicted}
+        after = {"validated": validated["val_loss"], "predicted": predicted, "validation_chunks": sorted(set(chunks))}
     return {
         **after,
         "losses": recorder.losses,
@@ -226,6 +232,12 @@ def test_validation_runs_forward_only_through_the_stages_and_matches_the_trained
     _, weights = reference
     for result in one_f_one_b:
         assert result["val_loss"] == pytest.approx(_validation_loss(weights), abs=LOSS_TOLERANCE)
+
+
+def test_validation_runs_each_batch_through_the_stages_in_micro_batches(one_f_one_b):
+    # micro_batches=4 on batches of 8: every block a rank holds sees micro-batches of 2 samples, never the batch.
+    for result in one_f_one_b:
+        assert result["validation_chunks"] == [GLOBAL_BATCH // 4]
 
 
 def test_validate_and_predict_after_fit_run_the_same_stages_again(one_f_one_b, reference):

@@ -74,8 +74,8 @@ class PipelineStrategy(ModelParallelStrategy, OwnsTrainingStep, RebuildsDataLoad
     and steps the optimizers (:class:`OwnsTrainingStep`). With ``accumulate_grad_batches=k`` the training data
     is read ``k`` batches at a time (:class:`RebuildsDataLoaders`), one schedule call over all their
     micro-batches. ``validation_step``, ``test_step`` and ``predict_step`` run as written: ``self(x)`` inside
-    them runs the stages forward only and gives every rank the model's output, so ``self.log`` works on every
-    rank.
+    them runs the stages forward only, over the batch's micro-batches, and gives every rank the model's output,
+    so ``self.log`` works on every rank.
 
     Options:
 
@@ -348,6 +348,7 @@ class PipelineStrategy(ModelParallelStrategy, OwnsTrainingStep, RebuildsDataLoad
             kind,
             self.device_mesh["pp"].get_group(),
             self.root_device,
+            eval_micro_batches=self.micro_batches,
         )
 
     @property
