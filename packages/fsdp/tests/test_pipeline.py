@@ -13,6 +13,7 @@ from pipeline_testing import (
     GLOBAL_BATCH,
     STEPS,
     TP_PLAN,
+    HuggingFaceGPT2,
     TinyGPT,
     global_batches,
     hand_written_pipeline,
@@ -54,10 +55,12 @@ def _fit(
     save: bool = False,
     accumulate: int = 1,
     clip: float | None = None,
+    build: type[stratagem.Module] = TinyGPT,
+    precision: str = "32-true",
 ) -> dict[str, Any]:
-    """A Trainer fit of one epoch (STEPS steps) with validation, as a user runs it."""
+    """A Trainer fit of one epoch (STEPS steps) with validation, as a user runs it, of a ``build()`` module."""
     torch.manual_seed(0)
-    module = TinyGPT()
+    module = build()
     recorder = _StepLosses()
     callbacks: list[Callback] = [recorder]
     if save:
@@ -66,6 +69,7 @@ def _fit(
         strategy=PipelineStrategy(**options), accelerator="cpu", devices=dist.get_world_size(), max_epochs=1,
         default_root_dir=root, logger=False, enable_progress_bar=False, enable_checkpointing=save,
         callbacks=callbacks, num_sanity_val_steps=0, accumulate_grad_batches=accumulate, gradient_clip_val=clip,
+        precision=precision,
     )  # fmt: skip
     trainer.fit(module, _loader(data_parallel), _loader(data_parallel))
     after: dict[str, Any] = {}
@@ -183,6 +187,31 @@ def test_the_zero_bubble_v_schedule_trains_like_one_process(workers, tmp_path, r
     assert "head.weight" in results[0]["own"]
     assert "tokens.weight" in results[0]["own"]
     assert not {"head.weight", "tokens.weight"} & set(results[1]["own"])
+
+
+@pytest.mark.timeout(240)
+def test_a_hugging_face_gpt2_cut_by_pipeline_split_trains_like_one_process(workers, tmp_path):
+    # transformers is not among the fsdp tox env's dependencies (its import alone costs each process ~7 s of CPU).
+    pytest.importorskip("transformers")
+    options = {"pipeline_schedule": "1f1b", "micro_batches": 2, "pipeline_split": ["gpt.transformer.h.1"]}
+    results = workers.run(_fit, str(tmp_path), options, build=HuggingFaceGPT2)
+    expected, _ = single_process_losses(build=HuggingFaceGPT2)
+    for result in results:
+        assert result["losses"] == pytest.approx(expected, abs=LOSS_TOLERANCE)
+    first, last = (set(result["own"]) for result in results)
+    assert {"gpt.transformer.wte.weight", "gpt.transformer.h.0.attn.c_attn.weight"} <= first
+    assert {"gpt.transformer.h.1.mlp.c_fc.weight", "gpt.transformer.ln_f.weight", "gpt.lm_head.weight"} <= last
+    assert not first & last
+
+
+@pytest.mark.timeout(240)
+def test_bf16_mixed_trains_through_the_schedule_within_bf16_s_precision_of_fp32(workers, tmp_path, reference):
+    options = {"pipeline_schedule": "1f1b", "micro_batches": 2}
+    results = workers.run(_fit, str(tmp_path), options, precision="bf16-mixed")
+    for result in results:
+        assert result["losses"] != pytest.approx(reference[0], abs=LOSS_TOLERANCE)  # autocast ran
+        assert result["losses"] == pytest.approx(reference[0], rel=2e-2)
+        assert result["val_loss"] == pytest.approx(result["losses"][-1], rel=0.2)
 
 
 @pytest.mark.timeout(240)
