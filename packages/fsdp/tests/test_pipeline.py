@@ -390,10 +390,12 @@ def test_pp_2_by_dp_shard_2_trains_like_one_process_on_4_processes(four_workers,
 
 
 @pytest.mark.timeout(240)
-def test_pp_2_by_tp_2_trains_like_the_hand_written_loop_and_one_process_on_4_processes(
+def test_pp_2_by_tp_2_trains_like_the_hand_written_loop_and_one_process_and_saves_the_whole_model(
     four_workers, tmp_path, reference
 ):
-    results = four_workers.run(_fit, str(tmp_path), {"pp": 2, "tp": 2, "tp_plan": TP_PLAN, "micro_batches": 2})
+    results = four_workers.run(
+        _fit, str(tmp_path), {"pp": 2, "tp": 2, "tp_plan": TP_PLAN, "micro_batches": 2}, save=True
+    )
     hand = four_workers.run(hand_written_pipeline_with_tp, "Schedule1F1B", 2)
     _, weights = reference
     for result, expected in zip(results, hand, strict=True):
@@ -403,6 +405,14 @@ def test_pp_2_by_tp_2_trains_like_the_hand_written_loop_and_one_process_on_4_pro
     # Ranks 0, 1 are the first stage's tp pair, 2, 3 the last's: each splits its own blocks' MLPs.
     assert results[0]["split"] == results[1]["split"] == [f"layers.{i}.{n}" for i in (0, 1) for n in _MLP]
     assert results[2]["split"] == [f"layers.{i}.{n}" for i in (2, 3) for n in _MLP]
+    # Its checkpoint (split tensors saved as shards) is the whole model's for one process.
+    assert len({result["best"] for result in results}) == 1
+    single = stratagem.resolve(strategy="single_device", accelerator="cpu", devices=1)
+    single.setup_environment()
+    module = TinyGPT()
+    single.load_checkpoint(results[0]["best"], {"module": module})
+    for name, value in weights.items():
+        torch.testing.assert_close(module.state_dict()[name], value, rtol=0, atol=2e-5, msg=name)
 
 
 _MLP = ("down.bias", "down.weight", "up.bias", "up.weight")
