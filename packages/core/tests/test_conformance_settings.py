@@ -16,6 +16,7 @@ from stratagem.testing.conformance_checks import check_names
         ({"steps": 1}, r"steps=1 is not valid; expected an int of at least 2"),
         ({"devices": 0}, r"devices=0 is not valid; expected a positive int"),
         ({"tolerance": -1.0}, r"tolerance=-1.0 is not valid"),
+        ({"blocks": 2}, r"blocks=2 is not valid; expected an int of at least 3"),
     ],
 )
 def test_conformance_settings_that_cannot_work_are_refused_before_any_process_starts(settings, message, tmp_path):

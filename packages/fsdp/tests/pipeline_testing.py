@@ -42,7 +42,25 @@ class Block(nn.Module):
         return x + self.down(functional.gelu(self.up(self.mlp_norm(x))))
 
 
-class TinyGPT(stratagem.Module):
+class _DecoderSteps(stratagem.Module):
+    """The loss, steps and optimizer of the decoders here: next-token cross entropy, AdamW."""
+
+    def pipeline_loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return functional.cross_entropy(logits.flatten(0, 1), targets.flatten())
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int = 0) -> torch.Tensor:
+        tokens, targets = batch
+        return self.pipeline_loss(self(tokens), targets)
+
+    def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int = 0) -> None:
+        tokens, targets = batch
+        self.log("val_loss", self.pipeline_loss(self(tokens), targets), sync_dist=True)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.AdamW(self.parameters(), lr=LEARNING_RATE)
+
+
+class TinyGPT(_DecoderSteps):
     """Token and position embeddings, ``DEPTH`` blocks, a final norm and the head.
 
     ``forward`` skips the pieces a pipeline stage does not hold (``None``), as the pipeline needs.
@@ -65,19 +83,35 @@ class TinyGPT(stratagem.Module):
             x = self.head(self.norm(x))
         return x
 
-    def pipeline_loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        return functional.cross_entropy(logits.flatten(0, 1), targets.flatten())
 
-    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int = 0) -> torch.Tensor:
-        tokens, targets = batch
-        return self.pipeline_loss(self(tokens), targets)
+class HuggingFaceGPT2(_DecoderSteps):
+    """A transformers ``GPT2LMHeadModel`` from a config (no download), of the same size as :class:`TinyGPT`.
 
-    def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int = 0) -> None:
-        tokens, targets = batch
-        self.log("val_loss", self.pipeline_loss(self(tokens), targets), sync_dist=True)
+    Its embeddings (``gpt.transformer.wte``, ``wpe``, ``drop``) go to the first stage, ``gpt.transformer.h`` is
+    the block list, ``ln_f`` and ``lm_head`` go to the last. Its own ``forward`` builds the attention mask for the
+    whole model; this one runs the pieces a stage holds (the blocks' attention is causal without a mask). The
+    head's weight is its own: GPT-2 ties it to the token embedding, which would be a weight on two stages.
+    """
 
-    def configure_optimizers(self) -> torch.optim.Optimizer:
-        return torch.optim.AdamW(self.parameters(), lr=LEARNING_RATE)
+    def __init__(self) -> None:
+        super().__init__()
+        from transformers import GPT2Config, GPT2LMHeadModel
+
+        config = GPT2Config(
+            vocab_size=VOCAB, n_positions=SEQUENCE, n_embd=WIDTH, n_layer=DEPTH, n_head=2, bos_token_id=0,
+            eos_token_id=0, tie_word_embeddings=False, attn_pdrop=0.0, resid_pdrop=0.0, embd_pdrop=0.0,
+        )  # fmt: skip
+        self.gpt = GPT2LMHeadModel(config)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        body = self.gpt.transformer
+        if body.wte is not None:
+            x = body.drop(body.wte(x) + body.wpe(torch.arange(x.shape[1], device=x.device)))
+        for block in body.h:
+            x = block(x)
+        if body.ln_f is not None:
+            x = self.gpt.lm_head(body.ln_f(x))
+        return x
 
 
 def global_batches(count: int = STEPS, seed: int = 1234) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -90,13 +124,14 @@ def global_batches(count: int = STEPS, seed: int = 1234) -> list[tuple[torch.Ten
 
 
 def single_process_losses(
-    seed: int = 0, accumulate: int = 1, clip: float | None = None
+    seed: int = 0, accumulate: int = 1, clip: float | None = None, build: type[_DecoderSteps] = TinyGPT
 ) -> tuple[list[float], dict[str, torch.Tensor]]:
     """The same training in one plain process on whole batches: losses (per optimizer step, the mean of its
     batches') and final weights. Accumulating, each batch's loss is divided by ``accumulate``, as the Trainer
-    does, also in a last window cut short; ``clip`` clips the gradient's norm before each step."""
+    does, also in a last window cut short; ``clip`` clips the gradient's norm before each step; ``build`` is the
+    model's class."""
     torch.manual_seed(seed)
-    model = TinyGPT()
+    model = build()
     optimizer = model.configure_optimizers()
     losses = []
     batches = global_batches()
@@ -158,5 +193,41 @@ def hand_written_pipeline(schedule_name: str, micro_batches: int, stages_per_ran
         optimizer.zero_grad()
         loss = torch.stack(step_losses).mean() if step_losses else torch.zeros(())
         dist.broadcast(loss, src=last_holder)
+        losses.append(loss.item())
+    return losses
+
+
+TP_PLAN = {"layers.*.up": "colwise", "layers.*.down": "rowwise"}
+"""The decoder's MLPs split over the ``"tp"`` ranks (its attention, whose ``qkv`` is split by width, stays whole)."""
+
+
+def hand_written_pipeline_with_tp(schedule_name: str, micro_batches: int, seed: int = 0) -> list:
+    """pp=2 x tp=2 by hand on 4 ranks: each rank builds the model as one process does, keeps its stage, splits
+    its blocks' MLPs over its tp pair with ``parallelize_module``, and trains through the schedule on the pp group."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.pipelining import PipelineStage, schedules
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    torch.manual_seed(seed)
+    model = TinyGPT()
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("pp", "tp"))
+    stage, pp_group = mesh["pp"].get_local_rank(), mesh["pp"].get_group()
+    per_stage = DEPTH // 2
+    module = _HandStage(model, range(stage * per_stage, (stage + 1) * per_stage))
+    for block in module.blocks:
+        parallelize_module(block, mesh["tp"], {"up": ColwiseParallel(), "down": RowwiseParallel()})
+    pipeline_stage = PipelineStage(module, stage, 2, torch.device("cpu"), group=pp_group)
+    schedule = getattr(schedules, schedule_name)(
+        pipeline_stage, n_microbatches=micro_batches, loss_fn=model.pipeline_loss
+    )
+    optimizer = torch.optim.AdamW(module.parameters(), lr=LEARNING_RATE)
+    losses = []
+    for tokens, targets in global_batches():
+        step_losses: list[torch.Tensor] = []
+        schedule.step(tokens, target=targets, losses=step_losses)
+        optimizer.step()
+        optimizer.zero_grad()
+        loss = torch.stack(step_losses).mean() if step_losses else torch.zeros(())
+        dist.broadcast(loss, src=dist.get_global_rank(pp_group, 1), group=pp_group)
         losses.append(loss.item())
     return losses

@@ -18,12 +18,14 @@ class TestModelParallelConforms(StrategyConformance):
 
 
 class TestPipelineConforms(StrategyConformance):
-    """The pipeline strategy at pp=2 with 1f1b: the kit's blocks (Linear, Tanh | Linear) cut into two stages, one per
-    rank, which read the same batches (the global batch). Its engine owns the step, so the own-loop checks are
-    skipped: the Runtime refuses it before any process starts."""
+    """The pipeline strategy at pp=2 with interleaved_1f1b, 2 stages per rank: the kit's module with a fourth block
+    (Linear, Tanh, Linear, Linear), one block per stage; rank 0 holds stages 0 and 2, rank 1 stages 1 and 3. Both
+    ranks read the same batches (the global batch). Its engine owns the step, so the own-loop checks are skipped:
+    the Runtime refuses it before any process starts. One stage per rank (1f1b) is the 4-process class's layout."""
 
     strategy = "pipeline"
-    strategy_options = {"pp": 2, "pipeline_schedule": "1f1b"}
+    strategy_options = {"pp": 2, "pipeline_schedule": "interleaved_1f1b", "stages_per_rank": 2, "micro_batches": 2}
+    blocks = 4
     devices = 2
     timeout = 300
 

@@ -12,11 +12,15 @@ import torch.distributed as dist
 from pipeline_testing import (
     GLOBAL_BATCH,
     STEPS,
+    TP_PLAN,
+    HuggingFaceGPT2,
     TinyGPT,
     global_batches,
     hand_written_pipeline,
+    hand_written_pipeline_with_tp,
     single_process_losses,
 )
+from torch.distributed.tensor import DTensor
 from torch.utils.data import DataLoader, TensorDataset
 
 import stratagem
@@ -25,7 +29,7 @@ from stratagem.callbacks import Callback, ModelCheckpoint
 from stratagem.testing import DistributedWorkers
 from stratagem_fsdp import PipelineStrategy
 
-pytestmark = [pytest.mark.distributed, pytest.mark.filterwarnings("ignore:devices=4 starts 4 CPU processes")]
+pytestmark = [pytest.mark.distributed, pytest.mark.filterwarnings("ignore:devices=[48] starts [48] CPU processes")]
 
 # Measured: the pipeline's losses equal the hand-written loop's exactly, and one process's to 5e-7.
 LOSS_TOLERANCE = 1e-5
@@ -51,10 +55,12 @@ def _fit(
     save: bool = False,
     accumulate: int = 1,
     clip: float | None = None,
+    build: type[stratagem.Module] = TinyGPT,
+    precision: str = "32-true",
 ) -> dict[str, Any]:
-    """A Trainer fit of one epoch (STEPS steps) with validation, as a user runs it."""
+    """A Trainer fit of one epoch (STEPS steps) with validation, as a user runs it, of a ``build()`` module."""
     torch.manual_seed(0)
-    module = TinyGPT()
+    module = build()
     recorder = _StepLosses()
     callbacks: list[Callback] = [recorder]
     if save:
@@ -63,15 +69,22 @@ def _fit(
         strategy=PipelineStrategy(**options), accelerator="cpu", devices=dist.get_world_size(), max_epochs=1,
         default_root_dir=root, logger=False, enable_progress_bar=False, enable_checkpointing=save,
         callbacks=callbacks, num_sanity_val_steps=0, accumulate_grad_batches=accumulate, gradient_clip_val=clip,
+        precision=precision,
     )  # fmt: skip
     trainer.fit(module, _loader(data_parallel), _loader(data_parallel))
     after: dict[str, Any] = {}
     if save:
         # The same module and strategy again in this process: its stages are set up on a new pipeline.
+        chunks: list[int] = []
+        hooks = [
+            block.register_forward_pre_hook(lambda _, args: chunks.append(args[0].shape[0])) for block in module.layers
+        ]
         [validated] = trainer.validate(module, _loader(data_parallel))
+        for hook in hooks:
+            hook.remove()
         tokens = global_batches(1, seed=7)[0][0]
         [predicted] = trainer.predict(module, DataLoader(tokens, batch_size=GLOBAL_BATCH))
-        after = {"validated": validated["val_loss"], "predicted": predicted}
+        after = {"validated": validated["val_loss"], "predicted": predicted, "validation_chunks": sorted(set(chunks))}
     return {
         **after,
         "losses": recorder.losses,
@@ -79,6 +92,7 @@ def _fit(
         "val_loss": float(trainer.callback_metrics["val_loss"]),
         "train_loss": float(trainer.callback_metrics["train_loss"]),
         "own": sorted(name for name, _ in module.named_parameters()),
+        "split": sorted(name for name, parameter in module.named_parameters() if isinstance(parameter, DTensor)),
         "best": str(trainer.checkpoint_callback.best_model_path) if save else None,
     }
 
@@ -111,6 +125,12 @@ def _validation_loss(weights: dict[str, torch.Tensor]) -> float:
 @pytest.fixture(scope="module")
 def workers():
     with DistributedWorkers(2, env={"OMP_NUM_THREADS": "1"}) as pool:
+        yield pool
+
+
+@pytest.fixture(scope="module")
+def four_workers():
+    with DistributedWorkers(4, env={"OMP_NUM_THREADS": "1"}) as pool:
         yield pool
 
 
@@ -170,6 +190,31 @@ def test_the_zero_bubble_v_schedule_trains_like_one_process(workers, tmp_path, r
 
 
 @pytest.mark.timeout(240)
+def test_a_hugging_face_gpt2_cut_by_pipeline_split_trains_like_one_process(workers, tmp_path):
+    # transformers is not among the fsdp tox env's dependencies (its import alone costs each process ~7 s of CPU).
+    pytest.importorskip("transformers")
+    options = {"pipeline_schedule": "1f1b", "micro_batches": 2, "pipeline_split": ["gpt.transformer.h.1"]}
+    results = workers.run(_fit, str(tmp_path), options, build=HuggingFaceGPT2)
+    expected, _ = single_process_losses(build=HuggingFaceGPT2)
+    for result in results:
+        assert result["losses"] == pytest.approx(expected, abs=LOSS_TOLERANCE)
+    first, last = (set(result["own"]) for result in results)
+    assert {"gpt.transformer.wte.weight", "gpt.transformer.h.0.attn.c_attn.weight"} <= first
+    assert {"gpt.transformer.h.1.mlp.c_fc.weight", "gpt.transformer.ln_f.weight", "gpt.lm_head.weight"} <= last
+    assert not first & last
+
+
+@pytest.mark.timeout(240)
+def test_bf16_mixed_trains_through_the_schedule_within_bf16_s_precision_of_fp32(workers, tmp_path, reference):
+    options = {"pipeline_schedule": "1f1b", "micro_batches": 2}
+    results = workers.run(_fit, str(tmp_path), options, precision="bf16-mixed")
+    for result in results:
+        assert result["losses"] != pytest.approx(reference[0], abs=LOSS_TOLERANCE)  # autocast ran
+        assert result["losses"] == pytest.approx(reference[0], rel=2e-2)
+        assert result["val_loss"] == pytest.approx(result["losses"][-1], rel=0.2)
+
+
+@pytest.mark.timeout(240)
 def test_a_run_stopped_halfway_resumes_from_its_checkpoint_exactly(workers, one_f_one_b, tmp_path):
     results = workers.run(_stop_and_resume, str(tmp_path), {"pipeline_schedule": "1f1b", "micro_batches": 4})
     for result, uninterrupted in zip(results, one_f_one_b, strict=True):
@@ -216,6 +261,12 @@ def test_validation_runs_forward_only_through_the_stages_and_matches_the_trained
     _, weights = reference
     for result in one_f_one_b:
         assert result["val_loss"] == pytest.approx(_validation_loss(weights), abs=LOSS_TOLERANCE)
+
+
+def test_validation_runs_each_batch_through_the_stages_in_micro_batches(one_f_one_b):
+    # micro_batches=4 on batches of 8: every block a rank holds sees micro-batches of 2 samples, never the batch.
+    for result in one_f_one_b:
+        assert result["validation_chunks"] == [GLOBAL_BATCH // 4]
 
 
 def test_validate_and_predict_after_fit_run_the_same_stages_again(one_f_one_b, reference):
@@ -328,9 +379,8 @@ def test_a_pipeline_checkpoint_loads_into_other_schedules_and_a_single_device_on
 
 
 @pytest.mark.timeout(240)
-def test_pp_2_by_dp_shard_2_trains_like_one_process_on_4_processes(tmp_path, reference):
-    with DistributedWorkers(4, env={"OMP_NUM_THREADS": "1"}) as pool:
-        results = pool.run(_fit, str(tmp_path), {"pp": 2, "dp_shard": 2, "micro_batches": 2}, data_parallel=2)
+def test_pp_2_by_dp_shard_2_trains_like_one_process_on_4_processes(four_workers, tmp_path, reference):
+    results = four_workers.run(_fit, str(tmp_path), {"pp": 2, "dp_shard": 2, "micro_batches": 2}, data_parallel=2)
     # Ranks 0, 1 are the first stage's data-parallel pair, 2, 3 the last's; each pair's mean is the global batch's.
     for step in range(STEPS):
         mean = (results[0]["losses"][step] + results[1]["losses"][step]) / 2
@@ -339,12 +389,41 @@ def test_pp_2_by_dp_shard_2_trains_like_one_process_on_4_processes(tmp_path, ref
     assert "head.weight" in results[2]["own"]
 
 
+@pytest.mark.timeout(240)
+def test_pp_2_by_tp_2_trains_like_the_hand_written_loop_and_one_process_and_saves_the_whole_model(
+    four_workers, tmp_path, reference
+):
+    results = four_workers.run(
+        _fit, str(tmp_path), {"pp": 2, "tp": 2, "tp_plan": TP_PLAN, "micro_batches": 2}, save=True
+    )
+    hand = four_workers.run(hand_written_pipeline_with_tp, "Schedule1F1B", 2)
+    _, weights = reference
+    for result, expected in zip(results, hand, strict=True):
+        assert result["losses"] == pytest.approx(expected, abs=LOSS_TOLERANCE)
+        assert result["losses"] == pytest.approx(reference[0], abs=LOSS_TOLERANCE)
+        assert result["val_loss"] == pytest.approx(_validation_loss(weights), abs=LOSS_TOLERANCE)
+    # Ranks 0, 1 are the first stage's tp pair, 2, 3 the last's: each splits its own blocks' MLPs.
+    assert results[0]["split"] == results[1]["split"] == [f"layers.{i}.{n}" for i in (0, 1) for n in _MLP]
+    assert results[2]["split"] == [f"layers.{i}.{n}" for i in (2, 3) for n in _MLP]
+    # Its checkpoint (split tensors saved as shards) is the whole model's for one process.
+    assert len({result["best"] for result in results}) == 1
+    single = stratagem.resolve(strategy="single_device", accelerator="cpu", devices=1)
+    single.setup_environment()
+    module = TinyGPT()
+    single.load_checkpoint(results[0]["best"], {"module": module})
+    for name, value in weights.items():
+        torch.testing.assert_close(module.state_dict()[name], value, rtol=0, atol=2e-5, msg=name)
+
+
+_MLP = ("down.bias", "down.weight", "up.bias", "up.weight")
+
+
 # -- refused in the calling process, before any process starts ------------------------------------
 
 
-def _trainer(**options: Any) -> Trainer:
+def _trainer(devices: int = 2, **options: Any) -> Trainer:
     return Trainer(
-        strategy=PipelineStrategy(**options), accelerator="cpu", devices=2, max_steps=1, logger=False,
+        strategy=PipelineStrategy(**options), accelerator="cpu", devices=devices, max_steps=1, logger=False,
         enable_progress_bar=False, enable_checkpointing=False,
     )  # fmt: skip
 
@@ -371,6 +450,11 @@ def test_settings_the_module_or_batch_cannot_honour_are_refused_before_launch(op
         ({"pipeline_schedule": "1f1b", "micro_batches": 1}, r"at least as many micro-batches as stages"),
         ({"pp": 3}, r"pp=3, dp_replicate=1, dp_shard=1, tp=1.*not to the 2 processes"),
         ({"state_dict_type": "full"}, r"state_dict_type='full' cannot work with the pipeline strategy"),
+        ({"pp": 1, "tp": 2}, r"tp=2 with the pipeline strategy needs tp_plan="),
+        (
+            {"devices": 8, "pp": 2, "tp": 2, "dp_shard": 2, "tp_plan": {"layers.*.up": "colwise"}},
+            r"composes tp or data parallelism with pp, not both yet",
+        ),
     ],
 )
 def test_a_schedule_or_layout_that_cannot_run_is_refused_when_the_trainer_is_made(options, message):

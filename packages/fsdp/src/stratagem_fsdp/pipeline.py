@@ -1,5 +1,5 @@
 """PipelineStrategy: the model cut into stages over the ``"pp"`` ranks of the mesh, run by a torch schedule,
-each stage fully sharded over its data-parallel ranks."""
+each stage fully sharded over its data-parallel ranks or split over its tensor-parallel ones."""
 
 from __future__ import annotations
 
@@ -47,6 +47,7 @@ from stratagem.strategies.gradient_norm import clip_gradients_by_norm
 from stratagem.strategies.rank_zero_build import rank_zero_build, refuse_differently_built
 from stratagem_fsdp.model_parallel import ModelParallelStrategy
 from stratagem_fsdp.options import mixed_precision_policy
+from stratagem_fsdp.tp_plan import apply_tp_plan, check_heads_split_evenly, check_plan_matches, plan_entries_present
 
 _LOSS_HOOK = "pipeline_loss"
 _BATCH_HOOK = "pipeline_batch"
@@ -73,8 +74,8 @@ class PipelineStrategy(ModelParallelStrategy, OwnsTrainingStep, RebuildsDataLoad
     and steps the optimizers (:class:`OwnsTrainingStep`). With ``accumulate_grad_batches=k`` the training data
     is read ``k`` batches at a time (:class:`RebuildsDataLoaders`), one schedule call over all their
     micro-batches. ``validation_step``, ``test_step`` and ``predict_step`` run as written: ``self(x)`` inside
-    them runs the stages forward only and gives every rank the model's output, so ``self.log`` works on every
-    rank.
+    them runs the stages forward only, over the batch's micro-batches, and gives every rank the model's output,
+    so ``self.log`` works on every rank.
 
     Options:
 
@@ -86,13 +87,16 @@ class PipelineStrategy(ModelParallelStrategy, OwnsTrainingStep, RebuildsDataLoad
       blocks are divided evenly. ``pipeline_blocks`` names the block list where the largest is not the one;
     - ``log_loss_as``: the name the step's loss is logged under on every rank (``"train_loss"``; ``None``: not
       logged), for the progress bar and ``ModelCheckpoint(monitor=...)``, since ``training_step`` does not run;
-    - ``dp_replicate``, ``dp_shard`` (default 1); FSDP's options for how each stage is sharded.
+    - ``dp_replicate``, ``dp_shard`` (default 1); FSDP's options for how each stage is sharded;
+    - ``tp`` (default 1) with ``tp_plan`` (:mod:`stratagem_fsdp.tp_plan`, for the whole model): each rank splits
+      the modules of its stages that the plan names over its ``"tp"`` ranks, after the cut; not yet together
+      with ``dp_replicate`` or ``dp_shard``.
 
     Checkpoints are sharded (``torch.distributed.checkpoint``): every rank writes its stage under the whole
     model's names, so that any strategy and layout reads them.
     """
 
-    mesh_dimensions: ClassVar[frozenset[str]] = frozenset({"pp", "dp_replicate", "dp_shard"})
+    mesh_dimensions: ClassVar[frozenset[str]] = frozenset({"pp", "dp_replicate", "dp_shard", "tp"})
 
     def __init__(
         self,
@@ -145,10 +149,17 @@ class PipelineStrategy(ModelParallelStrategy, OwnsTrainingStep, RebuildsDataLoad
     def complete_configuration(self) -> None:
         super().complete_configuration()
         layout = self._resolved_layout
-        if int(layout.tp) > 1:
+        if int(layout.tp) > 1 and self.tp_plan is None:
             raise ValueError(
-                f"tp={layout.tp} with the pipeline strategy is not supported yet: tensor-parallel plans are applied "
-                "in configure_model, where a pipeline rank holds no values yet. Use tp=1."
+                f"tp={layout.tp} with the pipeline strategy needs tp_plan= (e.g. {{'layers.*.up': 'colwise', "
+                "'layers.*.down': 'rowwise'}): the stages are cut in setup_module, after configure_model, so the "
+                "strategy splits each stage's modules over the 'tp' ranks by the plan."
+            )
+        if int(layout.tp) > 1 and layout.data_parallel_size > 1:
+            raise ValueError(
+                f"pp={layout.pp} x tp={layout.tp} x dp_replicate={layout.dp_replicate} x dp_shard={layout.dp_shard}: "
+                "the pipeline strategy composes tp or data parallelism with pp, not both yet. Use dp_replicate=1 "
+                "and dp_shard=1 with tp, or tp=1."
             )
         if getattr(self.precision, "scaler", None) is not None:
             raise ValueError(
@@ -248,6 +259,8 @@ class PipelineStrategy(ModelParallelStrategy, OwnsTrainingStep, RebuildsDataLoad
             return module
         refuse_differently_built(module)
         split = split_module(module, self.num_stages, self.pipeline_split, self.pipeline_blocks)
+        if self.tp_plan is not None:
+            check_plan_matches(module, self.tp_plan)
         self._whole_model_order = [name for name, _ in module.named_parameters()]
         layout = self._resolved_layout
         kind = schedule_kind(self.pipeline_schedule)
@@ -257,6 +270,10 @@ class PipelineStrategy(ModelParallelStrategy, OwnsTrainingStep, RebuildsDataLoad
 
         hand_out_stages(module, split, stages_of, self.root_device)
         module = self.precision.convert_module(module).to(self.root_device)
+        if self.tp_plan is not None:
+            # Split after the cut: each rank splits what its stages hold (rank 0's values) over its 'tp' ranks.
+            apply_tp_plan(module, self.device_mesh["tp"], plan_entries_present(module, self.tp_plan))
+            check_heads_split_evenly(module, int(layout.tp))
         own = stages_of(self.global_rank)
         self._views = [stage_view(module, split, stage) for stage in own]
         if layout.data_parallel_size > 1:
@@ -331,6 +348,7 @@ class PipelineStrategy(ModelParallelStrategy, OwnsTrainingStep, RebuildsDataLoad
             kind,
             self.device_mesh["pp"].get_group(),
             self.root_device,
+            eval_micro_batches=self.micro_batches,
         )
 
     @property

@@ -67,6 +67,13 @@ def apply_tp_plan(module: nn.Module, tp_mesh: DeviceMesh, plan: Mapping[str, str
     parallelize_module(module, tp_mesh, styles)
 
 
+def plan_entries_present(module: nn.Module, plan: Mapping[str, str | ParallelStyle]) -> dict[str, str | ParallelStyle]:
+    """The entries of ``plan`` that match some module of ``module``: a pipeline rank's part of a plan made for
+    the whole model (``"head"`` matches only on the last stage)."""
+    names = [name for name, _ in module.named_modules() if name]
+    return {pattern: style for pattern, style in plan.items() if any(_matches(pattern, name) for name in names)}
+
+
 def check_plan_matches(module: nn.Module, plan: Mapping[str, str | ParallelStyle]) -> None:
     """A ``ValueError`` naming every pattern of ``plan`` that matches no module of ``module``."""
     names = [name for name, _ in module.named_modules() if name]

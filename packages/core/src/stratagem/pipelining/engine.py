@@ -29,7 +29,9 @@ class PipelineEngine:
         kind: ScheduleKind,
         group: Any,
         device: torch.device,
+        eval_micro_batches: int = 1,
     ) -> None:
+        self.eval_micro_batches = eval_micro_batches
         self.views = list(views)
         self.stages = list(stages)
         self.num_stages = num_stages
@@ -39,6 +41,7 @@ class PipelineEngine:
         self._pp = dist.get_world_size(group)
         self._pp_rank = dist.get_rank(group)
         self._schedules: dict[tuple[Any, ...], Any] = {}
+        self._eval_schedules: dict[tuple[Any, ...], Any] = {}
 
     @property
     def holds_last_stage(self) -> bool:
@@ -58,16 +61,34 @@ class PipelineEngine:
         mean = torch.stack(losses).detach().double().mean() if losses else torch.zeros((), device=self.device)
         return self._from_stage(self.num_stages - 1, mean.double())
 
-    def _make_schedule(self, loss: LossFunction, micro_batches: int) -> Any:
+    def _make_schedule(self, loss: LossFunction | None, micro_batches: int, schedule_class: Any = None) -> Any:
         from torch.distributed.pipelining import PipelineStage
 
         pipeline_stages = [
             PipelineStage(view, stage, self.num_stages, self.device, group=self.group)
             for view, stage in zip(self.views, self.stages, strict=True)
         ]
-        schedule_class = self.kind.torch_schedule()
+        schedule_class = self.kind.torch_schedule() if schedule_class is None else schedule_class
         first = pipeline_stages if self.kind.multi_stage else pipeline_stages[0]
         return schedule_class(first, n_microbatches=micro_batches, loss_fn=loss)
+
+    def _eval_schedule(self, inputs: tuple[Any, ...]) -> Any:
+        """A forward-only schedule (no loss: torch's schedules then run no backward) over this shape of batch:
+        GPipe's all-forwards for one stage per rank, looped BFS for several; ``None`` for the V layout, whose
+        placement of stages neither follows."""
+        from torch.distributed.pipelining import schedules
+
+        if self.kind.layout == "v":
+            return None
+        size = next((value.shape[0] for value in inputs if isinstance(value, torch.Tensor)), None)
+        # A batch the count does not divide (an epoch's last) runs whole.
+        count = self.eval_micro_batches if size is not None and size % self.eval_micro_batches == 0 else 1
+        key = (count, *(_shape_of(value) for value in inputs))
+        schedule = self._eval_schedules.get(key)
+        if schedule is None:
+            kind = schedules.ScheduleLoopedBFS if self.kind.multi_stage else schedules.ScheduleGPipe
+            schedule = self._eval_schedules[key] = self._make_schedule(None, count, kind)
+        return schedule
 
     def _from_stage(self, stage: int, tensor: torch.Tensor) -> torch.Tensor:
         """``tensor`` as the rank holding ``stage`` has it, on every rank of the pipeline."""
@@ -77,8 +98,22 @@ class PipelineEngine:
         return tensor
 
     def forward(self, *inputs: Any) -> Any:
-        """The whole model's output for ``inputs``, on every rank of the pipeline: each stage in turn runs on
-        the rank that holds it, and hands its output to all (forward only, the batch whole)."""
+        """The whole model's output for ``inputs``, on every rank of the pipeline, forward only: the batch cut
+        into ``eval_micro_batches`` that a forward-only schedule runs through the stages, then the last stage's
+        output handed to all."""
+        with torch.no_grad():
+            schedule = self._eval_schedule(inputs)
+            if schedule is None:
+                return self._forward_stage_by_stage(inputs)
+            returned = schedule.step(*inputs)
+        # Only the rank holding the last stage has the merged output.
+        output = [returned if self.holds_last_stage else None]
+        source = dist.get_global_rank(self.group, stage_rank(self.kind, self.num_stages - 1, self._pp))
+        dist.broadcast_object_list(output, src=source, group=self.group, device=self.device)
+        return output[0]
+
+    def _forward_stage_by_stage(self, inputs: tuple[Any, ...]) -> Any:
+        """Each stage in turn on the rank that holds it, its output handed to all (the batch whole)."""
         values: tuple[Any, ...] = inputs
         for stage in range(self.num_stages):
             holder = stage_rank(self.kind, stage, self._pp)

@@ -45,7 +45,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
-from stratagem.testing.conformance_checks import DEFAULT_RESUME_STEPS, DEFAULT_STEPS, check_names
+from stratagem.testing.conformance_checks import DEFAULT_BLOCKS, DEFAULT_RESUME_STEPS, DEFAULT_STEPS, check_names
 from stratagem.testing.processes import processes_with_variable, wait_until_no_process_has
 
 RUN_MARKER_VARIABLE = "STRATAGEM_CONFORMANCE_RUN"
@@ -67,15 +67,20 @@ def run_conformance(
     strategy_options: Mapping[str, Any] | None = None,
     steps: int = DEFAULT_STEPS,
     resume_steps: Sequence[int] = DEFAULT_RESUME_STEPS,
+    blocks: int = DEFAULT_BLOCKS,
 ) -> dict[str, dict[str, Any]]:
     """Run every check on ``strategy`` in a fresh process; return ``{check: {"ok", "skipped", "detail"}}``.
 
     ``tolerance`` bounds the difference from single-device weights (``None`` skips those comparisons,
     for strategies that change numerics on purpose). ``strategy_options`` are passed to the strategy
     (``registry.strategies.create(strategy, **strategy_options)``) and must be JSON values. The run
-    trains ``steps`` optimizer steps and resumes from the checkpoint of each of ``resume_steps``.
+    trains ``steps`` optimizer steps and resumes from the checkpoint of each of ``resume_steps``. ``blocks``
+    is the kit's module's block count (:func:`~stratagem.testing.conformance_checks.build_net`), more than 3 for
+    a pipeline cut into more stages.
     """
     options = _checked_settings(devices, tolerance, strategy_options, steps, resume_steps)
+    if isinstance(blocks, bool) or not isinstance(blocks, int) or blocks < DEFAULT_BLOCKS:
+        raise ValueError(f"blocks={blocks!r} is not valid; expected an int of at least {DEFAULT_BLOCKS}.")
     workdir = Path(workdir or tempfile.mkdtemp(prefix="stratagem-conformance-"))
     command = [
         sys.executable,
@@ -97,6 +102,8 @@ def run_conformance(
         str(steps),
         "--resume-steps",
         ",".join(str(step) for step in resume_steps),
+        "--blocks",
+        str(blocks),
         "--out",
         str(workdir / "out"),
     ]
@@ -193,6 +200,8 @@ if pytest is not None:
         """Steps whose checkpoint a resumed run starts from; include steps between a periodic strategy's
         sync points (the default, 3 and 5 of 8, are not multiples of 2 or 4)."""
         timeout: ClassVar[float] = 600.0
+        blocks: ClassVar[int] = DEFAULT_BLOCKS
+        """Blocks of the kit's module: more than 3 for a pipeline cut into more stages (4 stages need 4)."""
         known_failures: ClassVar[Mapping[str, str]] = {}
         """Checks known to fail, each mapped to the reason (where the bug is tracked): reported as xfail.
         A known failure that passes fails its test, so that the entry is removed once the bug is fixed."""
@@ -218,6 +227,7 @@ if pytest is not None:
                 strategy_options=cls.strategy_options,
                 steps=cls.steps,
                 resume_steps=cls.resume_steps,
+                blocks=cls.blocks,
             )
 
         def test_strategy_conforms(self, conformance_report: dict[str, dict[str, Any]], check: str) -> None:

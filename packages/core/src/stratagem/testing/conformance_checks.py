@@ -39,6 +39,7 @@ BATCH_PER_RANK = 8
 SEED = 1234
 DEFAULT_STEPS = 8
 DEFAULT_RESUME_STEPS = (3, 5)
+DEFAULT_BLOCKS = 3
 REDUCED_PRECISION_REL_TOL = 2e-2
 """How far a precision that is not exact (``Precision.exact = False``) may stray from fp32, relative to
 the largest value compared: bf16 keeps about 3 significant digits."""
@@ -57,17 +58,19 @@ class ConformanceModule(Module):
 
     Its layers are a list of blocks that ``forward`` runs in turn, and its loss is also ``pipeline_loss``: a
     pipeline strategy can cut it into stages (each holding some of the blocks) and compute the loss on the last.
+    ``blocks`` is as :func:`build_net` takes it.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, blocks: int = DEFAULT_BLOCKS) -> None:
         super().__init__()
+        self.blocks = blocks
         self.net: nn.ModuleList | None = None
 
     def configure_model(self) -> None:
         if self.net is None:
             # Different on every rank: only the strategy can make the ranks' weights agree.
             torch.manual_seed(SEED + self.global_rank)
-            self.net = build_net()
+            self.net = build_net(self.blocks)
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:
         assert self.net is not None
@@ -93,12 +96,16 @@ class ConformanceModule(Module):
         return torch.optim.SGD(self.parameters(), lr=0.05)
 
 
-def build_net() -> nn.ModuleList:
+def build_net(blocks: int = DEFAULT_BLOCKS) -> nn.ModuleList:
     """The blocks of :class:`ConformanceModule`, drawn from torch's current random state.
 
-    Named ``net.0`` (Linear), ``net.1`` (Tanh) and ``net.2`` (Linear), as a ``Sequential`` would name them.
+    Named ``net.0`` (Linear), ``net.1`` (Tanh) and ``net.2`` (Linear), as a ``Sequential`` would name them. More
+    ``blocks`` put square Linears between the Tanh and the last Linear, for a pipeline cut into more stages.
     """
-    return nn.ModuleList([nn.Linear(FEATURES, 16), nn.Tanh(), nn.Linear(16, 1)])
+    if isinstance(blocks, bool) or not isinstance(blocks, int) or blocks < DEFAULT_BLOCKS:
+        raise ValueError(f"blocks={blocks!r} is not valid; expected an int of at least {DEFAULT_BLOCKS}.")
+    hidden = [nn.Linear(16, 16) for _ in range(blocks - DEFAULT_BLOCKS)]
+    return nn.ModuleList([nn.Linear(FEATURES, 16), nn.Tanh(), *hidden, nn.Linear(16, 1)])
 
 
 def probe_collectives(strategy: Strategy) -> None:
@@ -228,6 +235,7 @@ class Settings:
         strategy_options: dict[str, Any] | None = None,
         steps: int = DEFAULT_STEPS,
         resume_steps: Sequence[int] = DEFAULT_RESUME_STEPS,
+        blocks: int = DEFAULT_BLOCKS,
     ) -> None:
         self.strategy = strategy
         self.devices = devices
@@ -237,6 +245,7 @@ class Settings:
         self.strategy_options = dict(strategy_options or {})
         self.steps = steps
         self.resume_steps = tuple(resume_steps)
+        self.blocks = blocks
 
 
 def run_checks(settings: Settings, workdir: Path) -> dict[str, dict[str, Any]]:
@@ -279,12 +288,12 @@ def run_checks(settings: Settings, workdir: Path) -> dict[str, dict[str, Any]]:
         return DataLoader(make_data(settings.devices, steps), batch_size=batch_size, shuffle=False)
 
     def loaded_into_single_device(path: Path) -> dict[str, torch.Tensor]:
-        module = ConformanceModule()
+        module = ConformanceModule(settings.blocks)
         _single_device().validate(module, loader(BATCH_PER_RANK), ckpt_path=path)
         return flat_weights(module)
 
     def single_device_fit(batch_size: int, **options: Any) -> dict[str, torch.Tensor]:
-        module = ConformanceModule()
+        module = ConformanceModule(settings.blocks)
         _single_device(precision=settings.precision, seed=SEED, **options).fit(module, loader(batch_size))
         return flat_weights(module)
 
@@ -314,7 +323,7 @@ def run_checks(settings: Settings, workdir: Path) -> dict[str, dict[str, Any]]:
     def fit_trains_and_returns_weights() -> str:
         observer = ObserveRun(fitted_dir, (*settings.resume_steps, steps))
         run = trainer(callbacks=[observer])
-        run.fit(ConformanceModule(), loader(BATCH_PER_RANK))
+        run.fit(ConformanceModule(settings.blocks), loader(BATCH_PER_RANK))
         state["fit"], state["trainer"] = observer, run
         if run.global_step != steps:
             raise AssertionError(f"global_step is {run.global_step} after max_steps={steps}")
@@ -340,7 +349,7 @@ def run_checks(settings: Settings, workdir: Path) -> dict[str, dict[str, Any]]:
             return result
 
         strategy.run_training_steps = counted  # type: ignore[method-assign]
-        run.fit(ConformanceModule(), loader(BATCH_PER_RANK))
+        run.fit(ConformanceModule(settings.blocks), loader(BATCH_PER_RANK))
         if trainer_calls:
             raise AssertionError(
                 f"the Trainer called {sorted(set(trainer_calls))} on a strategy whose engine owns the training step"
@@ -364,7 +373,7 @@ def run_checks(settings: Settings, workdir: Path) -> dict[str, dict[str, Any]]:
     def ranks_agree_after_setup() -> str:
         observed = state["fit"].records["setup"]
         agreement = raise_unless_ranks_agree(observed, "After setup_module (ranks seeded differently)")
-        reference = _built_on_single_device(settings.precision)
+        reference = _built_on_single_device(settings.precision, settings.blocks)
         worst = _largest_difference(observed["whole"], reference)
         allowed = weights_tolerance(reference)
         if worst > allowed:
@@ -379,7 +388,7 @@ def run_checks(settings: Settings, workdir: Path) -> dict[str, dict[str, Any]]:
 
     def validate_reports_metrics() -> str:
         results = trainer().validate(
-            ConformanceModule(), loader(BATCH_PER_RANK), ckpt_path=checkpoint_path(fitted_dir, steps)
+            ConformanceModule(settings.blocks), loader(BATCH_PER_RANK), ckpt_path=checkpoint_path(fitted_dir, steps)
         )
         if len(results) != 1 or not math.isfinite(results[0].get("val_loss", math.nan)):
             raise AssertionError(f"validate returned {results}")
@@ -388,7 +397,7 @@ def run_checks(settings: Settings, workdir: Path) -> dict[str, dict[str, Any]]:
 
     def checkpoint_loads_into_single_device() -> str:
         path = checkpoint_path(fitted_dir, steps)
-        module = ConformanceModule()
+        module = ConformanceModule(settings.blocks)
         results = _single_device().validate(module, loader(BATCH_PER_RANK), ckpt_path=path)
         state["fitted"] = flat_weights(module)
         # single_device validates in fp32; a strategy at reduced precision computed its loss with ~3 digits.
@@ -434,7 +443,7 @@ def run_checks(settings: Settings, workdir: Path) -> dict[str, dict[str, Any]]:
             directory = resumed_dir / f"from_{step}"
             observer = ObserveRun(directory, (steps,))
             trainer(callbacks=[observer]).fit(
-                ConformanceModule(), loader(BATCH_PER_RANK), ckpt_path=checkpoint_path(fitted_dir, step)
+                ConformanceModule(settings.blocks), loader(BATCH_PER_RANK), ckpt_path=checkpoint_path(fitted_dir, step)
             )
             worst = _largest_difference(state["fitted"], loaded_into_single_device(checkpoint_path(directory, steps)))
             if worst != 0.0:
@@ -455,7 +464,7 @@ def run_checks(settings: Settings, workdir: Path) -> dict[str, dict[str, Any]]:
         windows = steps // 2
         observer = ObserveRun(accumulated_dir, (windows,))
         trainer(callbacks=[observer], accumulate_grad_batches=2, max_steps=windows).fit(
-            ConformanceModule(), loader(BATCH_PER_RANK)
+            ConformanceModule(settings.blocks), loader(BATCH_PER_RANK)
         )
         raise_unless_ranks_agree(observer.records["end"], "After accumulating 2 batches per step")
         accumulated = loaded_into_single_device(checkpoint_path(accumulated_dir, windows))
@@ -489,7 +498,7 @@ def run_checks(settings: Settings, workdir: Path) -> dict[str, dict[str, Any]]:
             raise
 
     def own_loop_run(steps: int, accumulate: int = 1, **options: Any) -> dict[str, Any]:
-        arguments = {"resume_from": None, "resume_step": 0, "save_to": None, **options}
+        arguments = {"resume_from": None, "resume_step": 0, "save_to": None, "blocks": settings.blocks, **options}
         result: dict[str, Any] = own_runtime().launch(
             own_loop, make_data(settings.devices, settings.steps), BATCH_PER_RANK, steps, accumulate, **arguments
         )
@@ -587,10 +596,10 @@ def resume_check_name(step: int) -> str:
     return f"resume_from_step_{step}_continues_exactly"
 
 
-def _built_on_single_device(precision: str) -> dict[str, torch.Tensor]:
+def _built_on_single_device(precision: str, blocks: int) -> dict[str, torch.Tensor]:
     """The weights rank 0 builds, made the way single_device makes them at this precision."""
     strategy = _single_device(precision=precision).strategy
-    module = ConformanceModule()
+    module = ConformanceModule(blocks)
     with strategy.module_init_context(empty_init=None):
         module.configure_model()
     return flat_weights(strategy.setup_module(module))
@@ -658,6 +667,7 @@ def main(argv: list[str] | None = None) -> int:
         default=",".join(map(str, DEFAULT_RESUME_STEPS)),
         type=lambda text: tuple(int(step) for step in text.split(",") if step),
     )
+    parser.add_argument("--blocks", type=int, default=DEFAULT_BLOCKS, help="blocks of the kit's module (build_net)")
     parser.add_argument("--out", required=True, type=Path, help="where global rank zero writes report.json")
     parser.add_argument("--workdir", type=Path, help="checkpoints, shared by every rank (default: OUT/run)")
     args = parser.parse_args(argv)
@@ -670,6 +680,7 @@ def main(argv: list[str] | None = None) -> int:
         strategy_options=args.strategy_options,
         steps=args.steps,
         resume_steps=args.resume_steps,
+        blocks=args.blocks,
     )
     report = run_checks(settings, args.workdir or args.out / "run")
     if json.loads(report["_meta"]["detail"])["is_global_zero"]:

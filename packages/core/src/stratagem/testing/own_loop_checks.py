@@ -47,19 +47,21 @@ def own_loop(
     resume_from: str | None,
     resume_step: int,
     save_to: str | None,
+    blocks: int,
 ) -> dict[str, Any]:
-    """Train the kit's module to optimizer step ``steps`` (``accumulate`` micro-batches each), from the checkpoint
-    ``resume_from`` (saved at ``resume_step``) when given; save to ``save_to``; return how the ranks agree."""
+    """Train the kit's module (``blocks`` blocks) to optimizer step ``steps`` (``accumulate`` micro-batches each),
+    from the checkpoint ``resume_from`` (saved at ``resume_step``) when given; save to ``save_to``; return how the
+    ranks agree."""
     from stratagem.testing.conformance_checks import SEED, ConformanceModule, build_net, observe_ranks
 
     probe_runtime_collectives(runtime)
     # Before the module: an engine built with the optimizers is sized by the batch.
     loader = runtime.setup_dataloaders(DataLoader(data, batch_size=batch_size, shuffle=False))
-    module = ConformanceModule()
+    module = ConformanceModule(blocks)
     with runtime.init_module():
         # Different on every rank: only the strategy can make the ranks' weights agree.
         torch.manual_seed(SEED + runtime.global_rank)
-        module.net = build_net()
+        module.net = build_net(blocks)
     model = runtime.setup_module(module)
     optimizer = runtime.setup_optimizers(module.configure_optimizers())
     done = 0
