@@ -11,6 +11,7 @@ from stratagem.cli import plan_cluster
 from stratagem.cli.module_spec import build_module
 
 if TYPE_CHECKING:
+    from stratagem.connector import WiringOptions
     from stratagem.planning import Plan
 
 
@@ -43,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
     module = build_module(args.module, args.init_args)
     if plan_cluster.wants_cluster(args):
         return plan_cluster.run(args, module)
-    options: dict[str, Any] = {
+    options: WiringOptions = {
         "accelerator": args.accelerator,
         "devices": _devices(args.devices),
         "num_nodes": args.num_nodes,
@@ -164,7 +165,7 @@ def _devices(value: str) -> Any:
     return int(value) if value.isdigit() else value
 
 
-def _total_devices(options: dict[str, Any]) -> int:
+def _total_devices(options: WiringOptions) -> int:
     from stratagem.connector import resolve
 
     return resolve(strategy="auto", **options).world_size
