@@ -50,14 +50,10 @@ def run(args: argparse.Namespace) -> int:
         "num_nodes": args.num_nodes,
         "precision": args.precision,
     }
-    if args.strategies:
-        names = [name.strip() for name in args.strategies.split(",") if name.strip()]
-        for name in names:
-            if name not in registry.strategies:
-                raise ValueError(f"--strategies: {registry.strategies.unknown_name_error(name)}")
-    else:
-        # The default of strategy="auto" first: the choice's one-line reason compares against it.
-        names = strategies_to_plan(auto_strategy_name(_total_devices(options)), registry.strategies.names())
+    # Without --strategies, the default of strategy="auto" first: the choice's one-line reason compares against it.
+    names = plan_cluster.named_strategies(args) or strategies_to_plan(
+        auto_strategy_name(_total_devices(options)), registry.strategies.names()
+    )
     result = plan(module, names, **options)
     print(json.dumps(as_json(result), indent=2) if args.json else render(result))
     return 0
