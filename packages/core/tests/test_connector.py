@@ -17,9 +17,10 @@ from stratagem.checkpoint_io import TorchCheckpointIO
 from stratagem.connector import detect_environment
 from stratagem.environments import LocalEnvironment, SLURMEnvironment
 from stratagem.launchers import InProcessLauncher, Launcher
+from stratagem.mesh import MeshLayout
 from stratagem.precision import MixedPrecision, Precision, TruePrecision
 from stratagem.registry import Registry, _builtins
-from stratagem.strategies import ParallelStrategy, SingleDeviceStrategy
+from stratagem.strategies import ParallelStrategy, SingleDeviceStrategy, TakesMeshLayout
 
 _ENVIRONMENT_VARIABLES = ("SLURM_NTASKS", "TORCHELASTIC_RUN_ID", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK")
 
@@ -394,3 +395,64 @@ def test_two_plugins_claiming_one_environment_name_do_not_break_detection(plugin
     assert isinstance(detect_environment(), SLURMEnvironment)
     [problem] = registry.environments.problems()
     assert problem.distribution == "cluster-plugin and other-cluster-plugin"
+
+
+# -- strategy="auto" with a layout ------------------------------------------------------------
+
+
+class _ShardsData(_InProcessParallel, TakesMeshLayout):
+    mesh_dimensions = frozenset({"dp_shard"})
+
+    def use_layout(self, layout: MeshLayout) -> None:
+        self._mesh_layout = layout
+
+
+class _ComposesParallelisms(_ShardsData):
+    mesh_dimensions = frozenset({"dp_replicate", "dp_shard", "tp"})
+
+
+@pytest.fixture
+def layout_strategies(monkeypatch):
+    """single_device and two strategies that take a layout, registered so that the wider one sorts first."""
+
+    def register(strategies: Registry) -> None:
+        _builtins.register_strategies(strategies)
+        strategies.register("composes", _ComposesParallelisms, description="dp_replicate x dp_shard x tp")
+        strategies.register("shards", _ShardsData, description="dp_shard")
+
+    strategies = Registry("strategy", f"stratagem_test_{uuid.uuid4().hex}.strategies", register)
+    monkeypatch.setattr(registry, "strategies", strategies)
+    return strategies
+
+
+@pytest.mark.parametrize(
+    ("layout", "chosen", "shape"),
+    [("dp_shard=2", _ShardsData, (1, 1, 2, 1)), ("dp_shard=1,tp=2", _ComposesParallelisms, (1, 1, 1, 2))],
+)
+def test_auto_with_a_layout_takes_the_simplest_strategy_that_spreads_its_dimensions(
+    layout_strategies, layout, chosen, shape
+):
+    strategy = stratagem.resolve(strategy="auto", layout=layout, accelerator="cpu", devices=2)
+    assert type(strategy) is chosen
+    assert strategy.mesh_layout.shape == shape
+
+
+def test_auto_with_a_layout_no_strategy_spreads_names_the_dimensions_and_what_each_spreads(layout_strategies):
+    with pytest.raises(
+        ValueError,
+        match=r"strategy='auto' with layout=\(pp=2, .*\) found no strategy that spreads pp over several ranks "
+        r"\(composes spreads dp_replicate, dp_shard, tp; shards spreads dp_shard\)",
+    ):
+        stratagem.resolve(strategy="auto", layout="pp=2,dp_shard=1", accelerator="cpu", devices=2)
+
+
+def test_auto_with_a_layout_that_does_not_fill_the_devices_names_the_sizes(layout_strategies):
+    with pytest.raises(ValueError, match=r"they multiply to 3, not to the 2 processes"):
+        stratagem.resolve(strategy="auto", layout="dp_shard=3", accelerator="cpu", devices=2)
+
+
+def test_auto_with_a_layout_and_no_strategy_that_takes_one_says_what_to_install(core_only_strategies):
+    with pytest.raises(
+        ValueError, match=r"needs a strategy that takes a mesh layout, and none is installed here\. .*stratagem\[fsdp\]"
+    ):
+        stratagem.resolve(strategy="auto", layout="dp_shard=2", accelerator="cpu", devices=2)

@@ -8,7 +8,13 @@ import pytest
 from typing_extensions import Unpack
 
 from stratagem.launchers import InProcessLauncher, Launcher
-from stratagem.strategies import ParallelOptions, ParallelStrategy, split_parallel_options
+from stratagem.strategies import (
+    ParallelOptions,
+    ParallelStrategy,
+    SingleDeviceStrategy,
+    StrategyOptions,
+    split_parallel_options,
+)
 
 
 class _Backend(ParallelStrategy):
@@ -29,6 +35,25 @@ class _PassThroughBackend(ParallelStrategy):
     @property
     def launcher(self) -> Launcher:
         return InProcessLauncher()
+
+
+class _FixedPlacementBackend(ParallelStrategy):
+    """Takes only the options of every Strategy: its environment and process group are its own."""
+
+    def __init__(self, *, own_option: int = 1, **strategy_options: Unpack[StrategyOptions]) -> None:
+        super().__init__(**strategy_options, timeout=5)
+
+    @property
+    def launcher(self) -> Launcher:
+        return InProcessLauncher()
+
+
+def test_a_backend_that_unpacks_fewer_options_than_its_base_takes_lists_and_accepts_only_those():
+    parameters = inspect.signature(_FixedPlacementBackend).parameters
+    assert list(parameters) == ["own_option", *StrategyOptions.__annotations__]
+    with pytest.raises(TypeError, match=r"does not accept option\(s\) 'timeout'\. Accepted: accelerator, "):
+        _FixedPlacementBackend(timeout=7)
+    assert list(inspect.signature(SingleDeviceStrategy).parameters) == ["device", *StrategyOptions.__annotations__]
 
 
 def test_the_signature_of_a_backend_lists_its_own_and_the_parallel_options():

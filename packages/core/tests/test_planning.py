@@ -5,7 +5,7 @@ from torch import nn
 import stratagem
 from stratagem.cli.main import main
 from stratagem.planning import Resources, model_footprint, plan
-from stratagem.planning.auto import CHOICE_VARIABLE, AutoRequest, choose_strategy
+from stratagem.planning.auto import CHOICE_VARIABLE, choose_strategy
 from stratagem.strategies import MemoryEstimate, SingleDeviceStrategy
 
 GIB = 1024**3
@@ -146,7 +146,7 @@ def test_plan_lists_a_strategy_that_cannot_run_here_with_its_reason():
 
 def test_auto_takes_the_choice_the_calling_process_handed_its_workers(monkeypatch):
     monkeypatch.setenv(CHOICE_VARIABLE, "single_device")
-    assert choose_strategy(Blocks(), AutoRequest("cpu", 1, 1, None, None), "single_device") == ("single_device", None)
+    assert choose_strategy(Blocks(), {"accelerator": "cpu", "devices": 1}, "single_device") == ("single_device", None)
 
 
 class BuiltInInit(stratagem.Module):
@@ -164,7 +164,7 @@ class BuiltInInit(stratagem.Module):
 
 def test_auto_keeps_the_default_for_a_trivially_small_built_model_without_planning_it():
     module = BuiltInInit()
-    name, reason = choose_strategy(module, AutoRequest("cpu", 2, 1, None, None), "ddp", device=torch.device("cpu"))
+    name, reason = choose_strategy(module, {"accelerator": "cpu", "devices": 2}, "ddp", device=torch.device("cpu"))
     assert name == "ddp"
     assert reason == "auto → ddp: the model's 288 bytes of tensors fit any strategy"
     assert module.optimizers_built == 0
@@ -174,7 +174,7 @@ def test_auto_plans_a_small_model_when_memory_is_too_tight_to_call_it_trivial(mo
     tight = Resources(host_memory_bytes=288 * 1000, device_memory_bytes=None, disk_bytes=GIB)
     monkeypatch.setattr("stratagem.planning.planner.visible_resources", lambda *_: tight)
     name, reason = choose_strategy(
-        BuiltInInit(), AutoRequest("cpu", 1, 1, None, None), "single_device", device=torch.device("cpu")
+        BuiltInInit(), {"accelerator": "cpu", "devices": 1}, "single_device", device=torch.device("cpu")
     )
     assert name == "single_device"
     assert reason is not None
@@ -183,7 +183,7 @@ def test_auto_plans_a_small_model_when_memory_is_too_tight_to_call_it_trivial(mo
 
 def test_auto_plans_a_model_built_in_configure_model_however_small():
     name, reason = choose_strategy(
-        Blocks(width=4, depth=1), AutoRequest("cpu", 1, 1, None, None), "single_device", device=torch.device("cpu")
+        Blocks(width=4, depth=1), {"accelerator": "cpu", "devices": 1}, "single_device", device=torch.device("cpu")
     )
     assert name == "single_device"
     assert reason is not None
@@ -249,7 +249,7 @@ def test_auto_keeps_the_usual_strategy_when_the_model_cannot_be_copied_to_measur
 
     module = Blocks()
     module.lock = threading.Lock()  # deepcopy refuses locks
-    name, reason = choose_strategy(module, AutoRequest("cpu", 1, 1, None, None), "single_device")
+    name, reason = choose_strategy(module, {"accelerator": "cpu", "devices": 1}, "single_device")
     assert name == "single_device"
     assert "the model could not be measured (TypeError" in (reason or "")
 

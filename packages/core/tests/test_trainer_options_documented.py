@@ -5,12 +5,13 @@ import inspect
 import re
 from pathlib import Path
 
+from stratagem.connector import ResolveOptions
 from stratagem.trainer import Trainer
 from stratagem.trainer.settings import SETTING_NAMES
 
 README = Path(__file__).parents[3] / "README.md"
 
-RESOLVED_BY_THE_CONNECTOR = {"accelerator", "strategy", "devices", "num_nodes", "precision", "plugins", "layout"}
+RESOLVED_BY_THE_CONNECTOR = set(ResolveOptions.__annotations__)
 """Described in the README's prose above the table (they go to stratagem.resolve)."""
 
 NOT_A_PYTHON_DEFAULT = {"default_root_dir": "working directory"}

@@ -200,13 +200,13 @@ def test_bf16_halves_the_parameters_but_adds_fp32_master_gradients(footprint):
 
 def test_auto_chooses_zero_3_when_only_zero_3_fits_and_says_what_stage_2_would_need(wide, monkeypatch):
     from stratagem.planning import Resources
-    from stratagem.planning.auto import AutoRequest, choose_strategy
+    from stratagem.planning.auto import choose_strategy
 
     stage_3 = _estimate(wide, stage=3).device_bytes
     room = Resources(host_memory_bytes=int(2 * stage_3 / 0.85) + 1024, device_memory_bytes=None, disk_bytes=2**40)
     monkeypatch.setattr("stratagem.planning.planner.visible_resources", lambda *_: room)
     monkeypatch.delenv("STRATAGEM_AUTO_STRATEGY", raising=False)
-    name, reason = choose_strategy(WideStack(), AutoRequest("cpu", 2, 1, None, None), "deepspeed_stage_2")
+    name, reason = choose_strategy(WideStack(), {"accelerator": "cpu", "devices": 2}, "deepspeed_stage_2")
     assert name == "deepspeed_stage_3"
     assert reason is not None
     assert reason.startswith("auto → deepspeed_stage_3: ")

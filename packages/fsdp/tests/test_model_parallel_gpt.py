@@ -165,14 +165,14 @@ def _hand_written_losses(shape: tuple[int, int, int]) -> list[float]:
     return losses
 
 
-def _trainer_losses(layout: str, tp_plan: dict[str, str] | None) -> list[float]:
-    """The same training through the Trainer: model_parallel with ``layout``, split in configure_model or by
-    ``tp_plan``."""
+def _trainer_losses(layout: str, tp_plan: dict[str, str] | None, strategy: str | None = None) -> list[float]:
+    """The same training through the Trainer: model_parallel (or the named ``strategy``) with ``layout``, split in
+    configure_model or by ``tp_plan``."""
     world = dist.get_world_size()
     sizes = parse_layout(layout).resolved(world)
     module = DecoderModule(split_in_configure_model=tp_plan is None)
     trainer = stratagem.Trainer(
-        strategy=ModelParallelStrategy(auto_wrap_policy={Block}, tp_plan=tp_plan),
+        strategy=strategy or ModelParallelStrategy(auto_wrap_policy={Block}, tp_plan=tp_plan),
         layout=layout,
         accelerator="cpu",
         devices=world,
@@ -187,8 +187,10 @@ def _trainer_losses(layout: str, tp_plan: dict[str, str] | None) -> list[float]:
     return module.losses
 
 
-def _both(layout: str, shape: tuple[int, int, int], tp_plan: dict[str, str] | None = None) -> dict[str, list[float]]:
-    return {"torch": _hand_written_losses(shape), "model_parallel": _trainer_losses(layout, tp_plan)}
+def _both(
+    layout: str, shape: tuple[int, int, int], tp_plan: dict[str, str] | None = None, strategy: str | None = None
+) -> dict[str, list[float]]:
+    return {"torch": _hand_written_losses(shape), "model_parallel": _trainer_losses(layout, tp_plan, strategy)}
 
 
 def _refusal_on_every_rank(heads: int, width: int) -> str:
@@ -247,6 +249,11 @@ def four_workers():
 
 def test_tp_2_split_in_configure_model_matches_the_hand_written_loop(two_workers):
     _assert_same_losses(two_workers.run(_both, "tp=2", (1, 1, 2)), data_parallel=1, tp=2)
+
+
+def test_auto_with_a_tp_layout_trains_under_model_parallel_as_the_hand_written_loop(two_workers):
+    assert isinstance(stratagem.resolve(layout="tp=2", accelerator="cpu", devices=2), ModelParallelStrategy)
+    _assert_same_losses(two_workers.run(_both, "tp=2", (1, 1, 2), None, "auto"), data_parallel=1, tp=2)
 
 
 def test_dp_shard_2_by_tp_2_split_by_tp_plan_matches_the_hand_written_loop(four_workers):

@@ -110,5 +110,5 @@ def test_precisions_xla_cannot_train_in_are_refused_when_the_trainer_is_created(
 def test_single_xla_refuses_more_devices_than_the_runtime_has_and_more_than_one():
     with pytest.raises(ValueError, match="devices=2 asks for 2 xla device"):
         Trainer(strategy=SingleXLAStrategy(), devices=2, logger=False)
-    with pytest.raises(ValueError, match="strategy='single_xla' runs on exactly one XLA device"):
+    with pytest.raises(ValueError, match="strategy='single_xla' runs on exactly one device"):
         Trainer(strategy=SingleXLAStrategy(), num_nodes=2, logger=False)

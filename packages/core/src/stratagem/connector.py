@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import difflib
+import functools
+import inspect
 import sys
 import warnings
 import weakref
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import Any, TypedDict, TypeVar, cast
 
 import torch
 
@@ -16,6 +19,7 @@ from stratagem.checkpoint_io import CheckpointIO
 from stratagem.environments.cluster_environment import ClusterEnvironment
 from stratagem.mesh import Degree, MeshLayout, parse_layout
 from stratagem.precision import Precision
+from stratagem.registry import first_party
 from stratagem.strategies import Strategy, TakesMeshLayout
 
 PRECISION_SHORT_FORMS: dict[str, str] = {
@@ -30,6 +34,31 @@ DEFAULT_PRECISION = "32-true"
 """The precision of a run that names none (neither ``precision=``, a precision plugin, nor a strategy instance)."""
 
 Plugin = Precision | CheckpointIO | ClusterEnvironment | str
+
+
+class WiringOptions(TypedDict, total=False):
+    """What :func:`resolve` wires a strategy with, as it takes them (its signature gives the defaults). The
+    Trainer, :class:`~stratagem.Runtime` and the planner take these as ``**options: Unpack[...]`` instead of
+    declaring them again."""
+
+    accelerator: str | Accelerator
+    devices: int | list[int] | str
+    num_nodes: int
+    precision: str | int | None
+    plugins: Plugin | Iterable[Plugin] | None
+    layout: MeshLayout | dict[str, Degree] | str | None
+
+
+class ResolveOptions(WiringOptions, total=False):
+    """Every keyword :func:`resolve` takes: the strategy, and what it is wired with."""
+
+    strategy: str | Strategy
+
+
+def wiring_options(options: ResolveOptions) -> WiringOptions:
+    """``options`` without the strategy: what another strategy would be resolved with in its place."""
+    return cast(WiringOptions, {name: value for name, value in options.items() if name != "strategy"})
+
 
 # A strategy instance holds one run's wiring (devices, environment, world size) once configured; a
 # second resolve() would run with the first one's values. Kept here, so that no strategy has to
@@ -81,10 +110,11 @@ def resolve(
     precision_instance = precision_instance or _create_precision(DEFAULT_PRECISION)
     precision_instance.check_accelerator(accelerator_instance)
     environment = environment or detect_environment()
+    mesh_layout = parse_layout(layout) if layout is not None else None
     if strategy_instance is None:
-        strategy_instance = _create_strategy(str(strategy), total_devices=len(device_list) * num_nodes)
-    if layout is not None:
-        _hand_layout(strategy_instance, strategy, parse_layout(layout))
+        strategy_instance = _create_strategy(str(strategy), len(device_list) * num_nodes, mesh_layout)
+    if mesh_layout is not None:
+        _hand_layout(strategy_instance, strategy, mesh_layout)
     # Marked before configuring: a configure that fails may already have changed the instance.
     _configured_strategies.add(strategy_instance)
     strategy_instance.configure(
@@ -104,10 +134,42 @@ def resolve(
     return strategy_instance
 
 
+Function = TypeVar("Function", bound=Callable[..., Any])
+
+
+def takes_resolve_options(function: Function) -> Function:
+    """``function``, which takes :func:`resolve`'s options through ``**options: Unpack[ResolveOptions]``, with
+    resolve's parameters (keyword-only, with their defaults) shown in its signature in place of that catch-all, as
+    ``help()`` and ``inspect`` read it, and a keyword that neither takes refused by its own name, with the closest
+    one."""
+    own = inspect.signature(function).parameters.values()
+    positional = [parameter for parameter in own if parameter.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD]
+    keywords = [parameter for parameter in own if parameter.kind is inspect.Parameter.KEYWORD_ONLY]
+    resolved = [
+        parameter.replace(kind=inspect.Parameter.KEYWORD_ONLY)
+        for parameter in inspect.signature(resolve).parameters.values()
+    ]
+    accepted = [parameter.name for parameter in [*resolved, *keywords]]
+    caller = function.__qualname__.removesuffix(".__init__")
+
+    @functools.wraps(function)
+    def checked(*args: Any, **options: Any) -> Any:
+        for name in options:
+            if name not in accepted:
+                close = difflib.get_close_matches(name, accepted, n=1)
+                hint = f"; did you mean {close[0]!r}?" if close else f"; it takes {', '.join(accepted)}."
+                raise TypeError(f"{caller}() got an unexpected keyword argument {name!r}{hint}")
+        return function(*args, **options)
+
+    signature = inspect.signature(function).replace(parameters=[*positional, *resolved, *keywords])
+    setattr(checked, "__signature__", signature)  # noqa: B010 - not a declared attribute of a function
+    return cast(Function, checked)
+
+
 def _hand_layout(strategy: Strategy, given: str | Strategy, layout: MeshLayout) -> None:
     """Give ``layout`` to a strategy that can run it; refuse one that cannot, naming the sizes it cannot take."""
     name = given if isinstance(given, str) else type(given).__name__
-    spread = [dimension for dimension in layout.dim_names if getattr(layout, dimension) != 1]
+    spread = _spread(layout)
     if not isinstance(strategy, TakesMeshLayout):
         raise ValueError(
             f"layout=({layout}) cannot run under strategy={name!r}: {type(strategy).__name__} runs no device mesh "
@@ -384,9 +446,9 @@ def _precision_choices() -> str:
     return ", ".join([*(repr(n) for n in names), *short])
 
 
-def _create_strategy(name: str, total_devices: int) -> Strategy:
+def _create_strategy(name: str, total_devices: int, layout: MeshLayout | None) -> Strategy:
     if name == "auto":
-        name = auto_strategy_name(total_devices)
+        name = auto_strategy_name(total_devices, layout)
     created = registry.strategies.create(name)
     if not isinstance(created, Strategy):
         raise TypeError(
@@ -396,9 +458,12 @@ def _create_strategy(name: str, total_devices: int) -> Strategy:
     return created
 
 
-def auto_strategy_name(total_devices: int) -> str:
+def auto_strategy_name(total_devices: int, layout: MeshLayout | dict[str, Degree] | str | None = None) -> str:
     """What ``strategy="auto"`` means before a model is known: one device, ``single_device``; more, ``ddp``
-    (``ddp_notebook`` in a notebook). The Trainer's first fit may plan another from the model."""
+    (``ddp_notebook`` in a notebook). With a ``layout``, the strategy that takes it (see
+    :func:`strategy_for_layout`). The Trainer's first fit may plan another from the model."""
+    if layout is not None:
+        return strategy_for_layout(parse_layout(layout), total_devices)
     if total_devices == 1:
         return "single_device"
     name = "ddp_notebook" if is_interactive() else "ddp"
@@ -408,3 +473,44 @@ def auto_strategy_name(total_devices: int) -> str:
             f'{name!r}, which is provided by stratagem-ddp: pip install "stratagem[ddp]". Or pass devices=1.'
         )
     return name
+
+
+def strategy_for_layout(layout: MeshLayout, total_devices: int) -> str:
+    """The registered strategy ``strategy="auto"`` runs ``layout`` with: of the available ones that take a mesh
+    layout (:class:`~stratagem.strategies.TakesMeshLayout`) and spread every dimension the layout makes larger
+    than 1, the one that spreads the fewest dimensions (the simplest), ``auto``'s default first among equals, then
+    by name. ``ValueError`` naming the sizes when the layout does not fill ``total_devices``, or when no strategy
+    here takes it (with what each one that takes a layout spreads)."""
+    spread = set(_spread(layout.resolved(total_devices)))
+    strategies = registry.strategies
+    default = "ddp_notebook" if is_interactive() else "ddp"
+    takers: dict[str, frozenset[str]] = {}
+    for name in sorted(strategies.names(), key=lambda name: name != default):
+        try:
+            if strategies.describe(name).reason is not None:
+                continue
+            target = strategies.load_target(name)
+        except ValueError:  # a name two plugins claim: `stratagem doctor` reports it, and it is no candidate
+            continue
+        if isinstance(target, type) and issubclass(target, TakesMeshLayout):
+            takers[name] = target.mesh_dimensions
+    fitting = [name for name, dimensions in takers.items() if spread <= dimensions]
+    if fitting:
+        return min(fitting, key=lambda name: len(takers[name]))
+    asked = f"strategy='auto' with layout=({layout})"
+    if not takers:
+        hint = first_party.install_hint_for("strategy", "model_parallel") or ""
+        raise ValueError(
+            f"{asked} needs a strategy that takes a mesh layout, and none is installed here. {hint} Or leave "
+            "layout out."
+        )
+    offered = "; ".join(f"{name} spreads {', '.join(sorted(dimensions))}" for name, dimensions in takers.items())
+    raise ValueError(
+        f"{asked} found no strategy that spreads {' and '.join(sorted(spread))} over several ranks ({offered}). "
+        "Give a layout one of them takes, or choose the strategy with strategy=."
+    )
+
+
+def _spread(layout: MeshLayout) -> list[str]:
+    """The dimensions ``layout`` makes larger than 1 (a ``-1`` one too, until resolved), outermost first."""
+    return [dimension for dimension in layout.dim_names if getattr(layout, dimension) != 1]

@@ -9,8 +9,7 @@ from torch import nn
 
 from stratagem.environments.cluster_environment import ClusterEnvironment
 from stratagem.launchers import InProcessLauncher, Launcher
-from stratagem.strategies import ReduceOp, Strategy, StrategyOptions
-from stratagem.strategies.collective_arguments import reduce_operation
+from stratagem.strategies import SingleProcessCollectives, Strategy, StrategyOptions
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -19,7 +18,7 @@ SUPPORTED_PRECISIONS = ("32-true", "64-true")
 """DataParallel replicates the module per forward; the 16-bit plugins' casts and scalers do not follow it."""
 
 
-class DataParallelStrategy(Strategy):
+class DataParallelStrategy(SingleProcessCollectives, Strategy):
     """Each batch is split across the GPUs of one process and the replicas' outputs gathered on the first.
 
     Collectives are identities (there is one rank). The training loss the replicas return is
@@ -78,19 +77,6 @@ class DataParallelStrategy(Strategy):
     def run_step(self, step_name: str, *args: Any) -> Any:
         output = super().run_step(step_name, *args)
         return _mean_of_replicas(output) if step_name == "training_step" else output
-
-    def reduce(self, tensor: Any, op: ReduceOp = "mean", *, group: Any = None, reduce_op: Any = None) -> Any:
-        reduce_operation(op, reduce_op)
-        return tensor
-
-    def all_gather(self, tensor: torch.Tensor, sync_grads: bool = False, *, group: Any = None) -> torch.Tensor:
-        return tensor.unsqueeze(0)
-
-    def broadcast(self, obj: Any, src: int = 0) -> Any:
-        return obj
-
-    def barrier(self, name: str | None = None) -> None:
-        return None
 
     def __repr__(self) -> str:
         return f"DataParallelStrategy(devices={[str(d) for d in self.parallel_devices or []]})"

@@ -40,6 +40,7 @@ from stratagem.strategies import (
     split_parallel_options,
 )
 from stratagem.strategies.compilation import strip_compile_prefix
+from stratagem.strategies.live_state import is_optimizer_list
 from stratagem.strategies.rank_zero_build import rank_zero_build, refuse_differently_built, refuse_meta_attributes
 from stratagem_deepspeed import checkpoint_layout as layout
 from stratagem_deepspeed.activation_checkpointing import (
@@ -765,6 +766,4 @@ def _holds_partitions(state: dict[str, Any]) -> bool:
 
 
 def _is_optimizers(value: Any) -> bool:
-    return isinstance(value, Optimizer) or (
-        isinstance(value, list | tuple) and bool(value) and isinstance(value[0], Optimizer)
-    )
+    return isinstance(value, Optimizer) or is_optimizer_list(value)

@@ -122,6 +122,8 @@ class PipelineStrategy(ModelParallelStrategy, OwnsTrainingStep, RebuildsDataLoad
             )
         super().__init__(dp_replicate=dp_replicate, dp_shard=dp_shard, tp=tp, **options)
         self._mesh_layout = MeshLayout(dp_replicate, dp_shard, tp, pp=pp)
+        # Sizes left at their defaults give way to a layout= given to resolve (or the Trainer).
+        self._layout_given = self._mesh_layout != MeshLayout(pp=-1, dp_shard=1)
         schedule_kind(pipeline_schedule)
         if micro_batches is not None and micro_batch_size is not None:
             raise ValueError(

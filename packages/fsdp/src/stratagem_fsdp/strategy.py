@@ -55,6 +55,7 @@ from stratagem.strategies import (
     split_parallel_options,
 )
 from stratagem.strategies.compilation import strip_compile_prefix
+from stratagem.strategies.live_state import is_live_state, is_optimizer_list
 from stratagem.strategies.memory import TrainingState
 from stratagem.strategies.rank_zero_build import rank_zero_build, refuse_differently_built, refuse_meta_attributes
 from stratagem_fsdp.materialize import allocate, has_meta_tensors
@@ -405,7 +406,7 @@ class FSDPStrategy(ParallelStrategy, BackwardSyncControl, RehearsesSetup):
     def load_checkpoint(
         self, path: PathLike, state: dict[str, Any], strict: bool = True, weights_only: bool = True
     ) -> dict[str, Any]:
-        targets = {key: value for key, value in state.items() if _is_live(value)}
+        targets = {key: value for key, value in state.items() if is_live_state(value)}
         if DistributedCheckpointIO.can_read(path):
             template = {key: self._state_of_sharded(target) for key, target in targets.items()}
             remaining = self._distributed_checkpoint_io.load_into(path, template, strict, weights_only)
@@ -459,7 +460,7 @@ class FSDPStrategy(ParallelStrategy, BackwardSyncControl, RehearsesSetup):
             return get_model_state_dict(value)
         if isinstance(value, Optimizer):
             return get_optimizer_state_dict(self.module, value)
-        if _is_optimizer_list(value):
+        if is_optimizer_list(value):
             return [self._state_of_sharded(optimizer) for optimizer in value]
         return value
 
@@ -474,7 +475,7 @@ class FSDPStrategy(ParallelStrategy, BackwardSyncControl, RehearsesSetup):
             live = [item for per_parameter in value.state.values() for item in per_parameter.values()]
             return to_index_keyed(_unaliased(state, [item for item in live if isinstance(item, torch.Tensor)]))
 
-        if _is_optimizer_list(value):
+        if is_optimizer_list(value):
             return [self._state_of_full(optimizer) for optimizer in value]
         return value
 
@@ -590,14 +591,6 @@ def _copy_own_shard(name: str, tensor: torch.Tensor, weights: SafetensorsWeights
 def _is_plain_async(checkpoint_io: CheckpointIO | None) -> bool:
     """``plugins="async"`` as resolved: core's background writer around its default one-file IO."""
     return isinstance(checkpoint_io, AsyncCheckpointIO) and type(checkpoint_io.checkpoint_io) is TorchCheckpointIO
-
-
-def _is_optimizer_list(value: Any) -> bool:
-    return isinstance(value, list | tuple) and bool(value) and all(isinstance(item, Optimizer) for item in value)
-
-
-def _is_live(value: Any) -> bool:
-    return isinstance(value, nn.Module | Optimizer) or _is_optimizer_list(value)
 
 
 def _read_entry(path: Path, checkpoint_io: CheckpointIO, weights_only: bool, key: str) -> Any:

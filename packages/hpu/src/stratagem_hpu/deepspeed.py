@@ -7,10 +7,10 @@ from typing import Any
 
 from stratagem_deepspeed import DeepSpeedStrategy
 from stratagem_hpu.execution import ExecutionMode
-from stratagem_hpu.strategy import HPUStrategy, initialize_distributed_hpu
+from stratagem_hpu.strategy import HPUDistributed
 
 
-class HPUDeepSpeedStrategy(HPUStrategy, DeepSpeedStrategy):
+class HPUDeepSpeedStrategy(HPUDistributed, DeepSpeedStrategy):
     """DeepSpeed ZeRO with lazy-mode graph cuts, HCCL reductions and the other options of
     :class:`~stratagem_hpu.strategy.HPUStrategy`; every option of ``stratagem_deepspeed.DeepSpeedStrategy``."""
 
@@ -19,7 +19,3 @@ class HPUDeepSpeedStrategy(HPUStrategy, DeepSpeedStrategy):
     ) -> None:
         super().__init__(**options)
         self._take_hpu_options(execution_mode, hpu_graphs)
-
-    def setup_environment(self) -> None:
-        initialize_distributed_hpu(self)
-        super().setup_environment()

@@ -6,10 +6,10 @@ from typing import Any
 
 from stratagem_fsdp import FSDPStrategy
 from stratagem_hpu.execution import ExecutionMode
-from stratagem_hpu.strategy import HPUStrategy, initialize_distributed_hpu
+from stratagem_hpu.strategy import HPUDistributed
 
 
-class HPUFSDPStrategy(HPUStrategy, FSDPStrategy):
+class HPUFSDPStrategy(HPUDistributed, FSDPStrategy):
     """Parameters, gradients and optimizer state sharded over the cards by ``fully_shard``; lazy-mode graph cuts,
     HCCL reductions and the other options of :class:`~stratagem_hpu.strategy.HPUStrategy`; every option of
     ``stratagem_fsdp.FSDPStrategy``."""
@@ -19,7 +19,3 @@ class HPUFSDPStrategy(HPUStrategy, FSDPStrategy):
     ) -> None:
         super().__init__(**options)
         self._take_hpu_options(execution_mode, hpu_graphs)
-
-    def setup_environment(self) -> None:
-        initialize_distributed_hpu(self)
-        super().setup_environment()

@@ -148,11 +148,18 @@ class DDPOptions(ParallelOptions, total=False):
     model_averaging_period: int | None
 
 
-class HPUParallelStrategy(HPUStrategy, DDPStrategy):
-    """One process per Gaudi card, gradients all-reduced by DDP over HCCL (``hpu_parallel``, ``hpu_ddp``).
+class HPUDistributed(HPUStrategy):
+    """What an HPU strategy of several processes adds to :class:`HPUStrategy`: each process calls Habana's
+    ``initialize_distributed_hpu`` with its ranks before joining the ``hccl`` process group."""
 
-    Each process calls Habana's ``initialize_distributed_hpu`` with its ranks before joining the ``hccl``
-    process group. Options: those of :class:`HPUStrategy` and of ``stratagem_ddp.DDPStrategy``.
+    def setup_environment(self) -> None:
+        initialize_distributed_hpu(self)
+        super().setup_environment()
+
+
+class HPUParallelStrategy(HPUDistributed, DDPStrategy):
+    """One process per Gaudi card, gradients all-reduced by DDP over HCCL (``hpu_parallel``, ``hpu_ddp``).
+    Options: those of :class:`HPUStrategy` and of ``stratagem_ddp.DDPStrategy``.
     """
 
     def __init__(
@@ -168,10 +175,6 @@ class HPUParallelStrategy(HPUStrategy, DDPStrategy):
     def complete_configuration(self) -> None:
         super().complete_configuration()
         self._checkpoint_io = self._checkpoint_io or HPUCheckpointIO()
-
-    def setup_environment(self) -> None:
-        initialize_distributed_hpu(self)
-        super().setup_environment()
 
 
 def initialize_distributed_hpu(strategy: Strategy) -> None:

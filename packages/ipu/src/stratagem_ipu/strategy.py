@@ -36,11 +36,10 @@ from stratagem.strategies import (
     LoopSettings,
     OwnsTrainingStep,
     RebuildsDataLoaders,
-    ReduceOp,
+    SingleProcessCollectives,
     Strategy,
     StrategyOptions,
 )
-from stratagem.strategies.collective_arguments import reduce_operation
 from stratagem_ipu.accelerator import POPTORCH_MISSING, poptorch_installed
 from stratagem_ipu.precision import SUPPORTED, IPUMixedPrecision
 from stratagem_ipu.step_module import StepModule, log_reduced
@@ -51,7 +50,7 @@ if TYPE_CHECKING:
 _HOST = torch.device("cpu")
 
 
-class IPUStrategy(Strategy, OwnsTrainingStep, RebuildsDataLoaders):
+class IPUStrategy(SingleProcessCollectives, Strategy, OwnsTrainingStep, RebuildsDataLoaders):
     """Train and evaluate on IPUs with PopTorch.
 
     ``device_iterations``: optimizer steps per host call (default 1, or ``training_opts``'s).
@@ -306,21 +305,6 @@ class IPUStrategy(Strategy, OwnsTrainingStep, RebuildsDataLoaders):
 
     def clip_gradients(self, optimizer: Optimizer, clip_val: float, algorithm: Any = "norm") -> torch.Tensor | None:
         raise RuntimeError("ipu_strategy cannot clip gradients: they never leave the IPU.")
-
-    # -- collectives: one host process drives every replica ---------------------------------
-
-    def reduce(self, tensor: Any, op: ReduceOp = "mean", *, group: Any = None, reduce_op: Any = None) -> Any:
-        reduce_operation(op, reduce_op)
-        return tensor
-
-    def all_gather(self, tensor: torch.Tensor, sync_grads: bool = False, *, group: Any = None) -> torch.Tensor:
-        return tensor.unsqueeze(0)
-
-    def broadcast(self, obj: Any, src: int = 0) -> Any:
-        return obj
-
-    def barrier(self, name: str | None = None) -> None:
-        return None
 
     # -- weights on the host ----------------------------------------------------------------
 

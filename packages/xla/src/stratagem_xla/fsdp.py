@@ -14,6 +14,7 @@ from torch.optim import Optimizer
 from stratagem.accelerators import Accelerator
 from stratagem.checkpoint_io import PathLike, write_staged
 from stratagem.precision import Precision
+from stratagem.strategies.live_state import is_optimizer_list
 from stratagem_xla.checkpoint_io import SHARD_FILE, XLAShardedCheckpointIO, shard_files, to_cpu
 from stratagem_xla.parallel import XLAStrategy
 from stratagem_xla.shards import plain_name, shard_names, shard_of, whole_state_gathered
@@ -134,7 +135,7 @@ class XLAFSDPStrategy(XLAStrategy):
         first = mine if self.is_global_zero else load_torch_file(shard_files(target)[0], weights_only=weights_only)
         self.model.load_state_dict(mine["module_shard"], strict=strict)
         for target_state in state.values():
-            if isinstance(target_state, list | tuple) and target_state and isinstance(target_state[0], Optimizer):
+            if is_optimizer_list(target_state):
                 for optimizer, optimizer_state in zip(target_state, mine["optimizers"], strict=True):
                     optimizer.load_state_dict(optimizer_state)
         skipped = {"module_shard", "shard_metadata", "optimizers", *state}

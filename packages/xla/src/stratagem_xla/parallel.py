@@ -2,31 +2,29 @@
 
 from __future__ import annotations
 
-import contextlib
 import io
-from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 from torch.optim import Optimizer
 
-from stratagem.accelerators import Accelerator
-from stratagem.checkpoint_io import CheckpointIO
 from stratagem.environments import ClusterEnvironment
 from stratagem.launchers import Launcher
-from stratagem.precision import Precision
-from stratagem.strategies import FeedsBatchesToDevice, ParallelStrategy, ReduceOp
+from stratagem.strategies import ParallelStrategy, ReduceOp, StrategyOptions
 from stratagem.strategies.collective_arguments import reduce_operation
 from stratagem_xla import stepping
-from stratagem_xla.accelerator import XLAAccelerator
-from stratagem_xla.checkpoint_io import XLACheckpointIO
+from stratagem_xla.base import XLAStrategyBase
 from stratagem_xla.environment import XLAEnvironment
 from stratagem_xla.launcher import XLALauncher
+from stratagem_xla.options import check_debug, with_xla_defaults
 from stratagem_xla.precision_support import check_precision
 
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
-class XLAStrategy(ParallelStrategy, FeedsBatchesToDevice):
+
+class XLAStrategy(XLAStrategyBase, ParallelStrategy):
     """Data parallel over the XLA devices of a host (TPU cores), one replica process per device.
 
     Replicas are started by ``xmp.spawn`` (:class:`~stratagem_xla.launcher.XLALauncher`) and numbered by the
@@ -38,47 +36,27 @@ class XLAStrategy(ParallelStrategy, FeedsBatchesToDevice):
     ``debug=True`` (``xla_debug``) prints XLA's metrics report in every replica when the run ends.
     """
 
-    # Reading each step's loss on the host would cut XLA's traced graph and wait for the device every step.
-    checks_steps_on_host = False
-
-    @staticmethod
-    def is_available() -> bool:
-        from stratagem_xla import runtime
-
-        return runtime.load_problem() is None
-
-    @staticmethod
-    def unavailable_reason() -> str:
-        from stratagem_xla import runtime
-
-        return runtime.load_problem() or ""
-
     strategy_name = "xla"
 
     def __init__(
         self,
-        accelerator: Accelerator | None = None,
-        precision: Precision | None = None,
-        checkpoint_io: CheckpointIO | None = None,
         parallel_devices: list[torch.device] | None = None,
+        *,
         debug: bool = False,
         start_method: str = "spawn",
+        **strategy_options: Unpack[StrategyOptions],
     ) -> None:
         super().__init__(
-            accelerator=accelerator or XLAAccelerator(),
-            precision=precision,
-            checkpoint_io=checkpoint_io or XLACheckpointIO(),
+            **with_xla_defaults(strategy_options),
             parallel_devices=parallel_devices,
             cluster_environment=XLAEnvironment(),
         )
-        if not isinstance(debug, bool):
-            raise TypeError(f"{type(self).__name__}(debug={debug!r}) is not valid; expected True or False.")
         if start_method not in ("spawn", "fork"):
             raise ValueError(
                 f"{type(self).__name__}(start_method={start_method!r}) is not valid; xmp.spawn starts replicas with "
                 "'spawn' or 'fork'."
             )
-        self.debug = debug
+        self.debug = check_debug(debug, type(self).__name__)
         self.xla_start_method = start_method
         self._device: torch.device | None = None
 
@@ -177,11 +155,6 @@ class XLAStrategy(ParallelStrategy, FeedsBatchesToDevice):
 
     # -- steps ------------------------------------------------------------------------------
 
-    @contextlib.contextmanager
-    def module_init_context(self, empty_init: bool | None = None) -> Iterator[None]:
-        with stepping.cpu_module_init(self.precision, empty_init):
-            yield
-
     def optimizer_step(self, optimizer: Optimizer) -> Any:
         import torch_xla.core.xla_model as xm
 
@@ -190,14 +163,6 @@ class XLAStrategy(ParallelStrategy, FeedsBatchesToDevice):
             return optimizer.step()
 
         return self.precision.optimizer_step(optimizer, step)
-
-    def device_batches(self, batches: Iterator[Any]) -> Iterator[Any]:
-        return stepping.feed(batches, self.root_device)
-
-    def teardown(self) -> None:
-        super().teardown()
-        if self.debug:
-            stepping.print_debug_metrics()
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(devices={self.num_processes}, debug={self.debug})"

@@ -7,6 +7,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from stratagem.callbacks.callback import Callback
+from stratagem.cli.wiring_arguments import add_wiring_arguments, wiring_options
 
 if TYPE_CHECKING:
     from stratagem.module import Module
@@ -21,10 +22,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "in well under a minute."
     )
     parser.add_argument("--strategy", default="auto", help="a registered strategy name (default: auto)")
-    parser.add_argument("--accelerator", default="cpu", help="cpu, cuda, mps, gpu or auto (default: cpu)")
-    parser.add_argument("--devices", default="1", help="a count, a list such as 0,1, or auto (default: 1)")
-    parser.add_argument("--num-nodes", type=int, default=1, help="number of machines (default: 1)")
-    parser.add_argument("--precision", default="32-true", help="32-true, bf16-mixed, 16-mixed, ... (default: 32-true)")
+    add_wiring_arguments(parser, accelerator="cpu", devices="1")
     parser.add_argument("--max-steps", type=int, default=500, help="optimizer steps to train (default: 500)")
     parser.add_argument("--batch-size", type=int, default=64, help="batch size per device (default: 64)")
     parser.add_argument("--learning-rate", type=float, default=3e-3, help="AdamW learning rate (default: 3e-3)")
@@ -50,13 +48,11 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         _check_checkpoint_io(args.checkpoint_io)
+        options = wiring_options(args)
+        options["plugins"] = args.checkpoint_io
         trainer = Trainer(
-            accelerator=args.accelerator,
             strategy=args.strategy,
-            devices=args.devices,
-            num_nodes=args.num_nodes,
-            precision=args.precision,
-            plugins=args.checkpoint_io,
+            **options,
             max_steps=args.max_steps,
             default_root_dir=args.root_dir,
             logger=False if args.logger == "none" else args.logger,

@@ -9,8 +9,10 @@ from typing import TYPE_CHECKING, Any
 
 from stratagem.cli import plan_cluster
 from stratagem.cli.module_spec import build_module
+from stratagem.cli.wiring_arguments import add_wiring_arguments, wiring_options
 
 if TYPE_CHECKING:
+    from stratagem.connector import WiringOptions
     from stratagem.planning import Plan
 
 
@@ -26,10 +28,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "module", metavar="MODULE", help="the module class, as package.module:Class or path/to/file.py:Class"
     )
     parser.add_argument("--init-args", default="{}", help="keyword arguments for the class, as a JSON object")
-    parser.add_argument("--accelerator", default="auto", help="cpu, cuda, mps, gpu or auto (default: auto)")
-    parser.add_argument("--devices", default="auto", help="a count, a list such as 0,1, or auto (default: auto)")
-    parser.add_argument("--num-nodes", type=int, default=1, help="number of machines (default: 1)")
-    parser.add_argument("--precision", default=None, help="32-true, bf16-mixed, bf16-true, ... (default: 32-true)")
+    add_wiring_arguments(parser, accelerator="auto", devices="auto")
     parser.add_argument("--strategies", default=None, help="comma-separated names to plan (default: all registered)")
     parser.add_argument("--json", action="store_true", help="print the whole plan as JSON, every reason in full")
     plan_cluster.add_arguments(parser)
@@ -43,20 +42,11 @@ def run(args: argparse.Namespace) -> int:
     module = build_module(args.module, args.init_args)
     if plan_cluster.wants_cluster(args):
         return plan_cluster.run(args, module)
-    options: dict[str, Any] = {
-        "accelerator": args.accelerator,
-        "devices": _devices(args.devices),
-        "num_nodes": args.num_nodes,
-        "precision": args.precision,
-    }
-    if args.strategies:
-        names = [name.strip() for name in args.strategies.split(",") if name.strip()]
-        for name in names:
-            if name not in registry.strategies:
-                raise ValueError(f"--strategies: {registry.strategies.unknown_name_error(name)}")
-    else:
-        # The default of strategy="auto" first: the choice's one-line reason compares against it.
-        names = strategies_to_plan(auto_strategy_name(_total_devices(options)), registry.strategies.names())
+    options = wiring_options(args)
+    # Without --strategies, the default of strategy="auto" first: the choice's one-line reason compares against it.
+    names = plan_cluster.named_strategies(args) or strategies_to_plan(
+        auto_strategy_name(_total_devices(options)), registry.strategies.names()
+    )
     result = plan(module, names, **options)
     print(json.dumps(as_json(result), indent=2) if args.json else render(result))
     return 0
@@ -156,15 +146,7 @@ def as_json(result: Plan) -> dict[str, Any]:
     }
 
 
-def _devices(value: str) -> Any:
-    if value == "auto":
-        return value
-    if "," in value:
-        return [int(part) for part in value.split(",") if part.strip()]
-    return int(value) if value.isdigit() else value
-
-
-def _total_devices(options: dict[str, Any]) -> int:
+def _total_devices(options: WiringOptions) -> int:
     from stratagem.connector import resolve
 
     return resolve(strategy="auto", **options).world_size

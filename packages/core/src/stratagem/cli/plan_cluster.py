@@ -138,6 +138,18 @@ def _precision(name: str | None) -> Any:
     return _resolve_precision(name, None) or Precision()
 
 
+def named_strategies(args: argparse.Namespace) -> list[str]:
+    """The registered names ``--strategies`` gives (none when it is not given); an unknown one is refused, with
+    the registry's close matches."""
+    from stratagem import registry
+
+    names = [name.strip() for name in (args.strategies or "").split(",") if name.strip()]
+    for name in names:
+        if name not in registry.strategies:
+            raise ValueError(f"--strategies: {registry.strategies.unknown_name_error(name)}")
+    return names
+
+
 def _default_name(target: Any) -> str:
     from stratagem.connector import auto_strategy_name
 
@@ -148,13 +160,7 @@ def _strategies(args: argparse.Namespace, workload: Workload) -> dict[str, Any]:
     """Each name to plan, created unconfigured with the policy options, or the text of why it cannot be."""
     from stratagem import registry
 
-    if args.strategies:
-        names = [name.strip() for name in args.strategies.split(",") if name.strip()]
-        for name in names:
-            if name not in registry.strategies:
-                raise ValueError(f"--strategies: {registry.strategies.unknown_name_error(name)}")
-    else:
-        names = registry.strategies.names()
+    names = named_strategies(args) or registry.strategies.names()
     options = {
         option: {_module_class(value, flag, workload)}
         for option, flag, value in (

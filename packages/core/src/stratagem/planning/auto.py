@@ -5,14 +5,16 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
 from stratagem.planning import planner
 from stratagem.planning.planner import plan, strategies_to_plan
+
+if TYPE_CHECKING:
+    from stratagem.connector import WiringOptions
 
 CHOICE_VARIABLE = "STRATAGEM_AUTO_STRATEGY"
 """Set by the calling process while it starts workers, so that a re-executed script takes the caller's choice
@@ -23,33 +25,14 @@ TRIVIAL_MEMORY_SHARE = 1e-4
 with gradients, any optimizer's states and a rank per device it uses a few percent at most."""
 
 
-@dataclass(frozen=True)
-class AutoRequest:
-    """What the user gave the Trainer besides ``strategy="auto"``: what a planned strategy is resolved with."""
-
-    accelerator: Any
-    devices: Any
-    num_nodes: int
-    precision: Any
-    plugins: Any
-
-    def resolve_kwargs(self) -> dict[str, Any]:
-        return {
-            "accelerator": self.accelerator,
-            "devices": self.devices,
-            "num_nodes": self.num_nodes,
-            "precision": self.precision,
-            "plugins": self.plugins,
-        }
-
-
 def choose_strategy(
-    module: nn.Module, request: AutoRequest, default: str, device: torch.device | None = None
+    module: nn.Module, request: WiringOptions, default: str, device: torch.device | None = None
 ) -> tuple[str, str | None]:
     """The registered name to train ``module`` with, and the one-line reason (``None`` in a worker that took
-    the calling process's choice). ``default`` is what ``auto`` means without a model (``ddp``,
-    ``single_device``): it is kept whenever it fits. ``device``, the default's root device, lets a trivially
-    small module keep the default without being planned."""
+    the calling process's choice). ``request`` is what the user gave the Trainer besides ``strategy="auto"``,
+    which the planned strategy is resolved with. ``default`` is what ``auto`` means without a model (``ddp``,
+    ``single_device``, or the strategy that takes the layout given): it is kept whenever it fits. ``device``, the
+    default's root device, lets a trivially small module keep the default without being planned."""
     from stratagem import registry
 
     inherited = os.environ.get(CHOICE_VARIABLE)
@@ -60,12 +43,12 @@ def choose_strategy(
         if tensor_bytes is not None:
             return default, f"auto → {default}: the model's {tensor_bytes:,} bytes of tensors fit any strategy"
     try:
-        first = plan(module, [default], first_fit=True, **request.resolve_kwargs())
+        first = plan(module, [default], first_fit=True, **request)
     except Exception as error:  # copying or building the user's module on meta failed: plan nothing, change nothing
         return default, f"auto → {default}: the model could not be measured ({type(error).__name__}: {error})"
     if first.chosen is not None:
         return default, first.reason()
-    planned = plan(module, strategies_to_plan(default, registry.strategies.names()), **request.resolve_kwargs())
+    planned = plan(module, strategies_to_plan(default, registry.strategies.names()), **request)
     chosen = planned.chosen
     if chosen is None:
         raise ValueError(

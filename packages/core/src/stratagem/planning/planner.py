@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 from torch import nn
 
@@ -13,6 +13,11 @@ from stratagem.planning.resources import Resources, visible_resources
 from stratagem.strategies.capabilities import ChecksModuleBeforeLaunch
 from stratagem.strategies.memory import MemoryEstimate, ModelFootprint
 from stratagem.strategies.strategy import Strategy
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+    from stratagem.connector import WiringOptions
 
 SAFETY_MARGIN = 0.85
 """The share of the visible memory and disk an estimated peak may use: estimates are rough."""
@@ -84,16 +89,13 @@ def plan(
     module: nn.Module,
     strategies: Sequence[str | Strategy],
     *,
-    accelerator: Any = "auto",
-    devices: Any = "auto",
-    num_nodes: int = 1,
-    precision: str | int | None = None,
-    plugins: Any = None,
     resources: Resources | None = None,
     first_fit: bool = False,
+    **options: Unpack[WiringOptions],
 ) -> Plan:
-    """Estimate what each of ``strategies`` (names or unconfigured instances) would need per rank to train
-    ``module``, and which fit ``resources`` (default: what this machine shows now).
+    """Estimate what each of ``strategies`` (names or unconfigured instances), resolved with ``options`` (as
+    :func:`~stratagem.resolve` takes them), would need per rank to train ``module``, and which fit ``resources``
+    (default: what this machine shows now).
 
     ``first_fit=True`` stops at the first candidate that fits (``strategy="auto"`` passes its default first,
     so that the usual case resolves nothing more).
@@ -107,14 +109,7 @@ def plan(
     for requested in strategies:
         name = requested if isinstance(requested, str) else type(requested).__name__
         try:
-            strategy = resolve(
-                accelerator=accelerator,
-                strategy=requested,
-                devices=devices,
-                num_nodes=num_nodes,
-                precision=precision,
-                plugins=plugins,
-            )
+            strategy = resolve(strategy=requested, **options)
         except (ValueError, TypeError, ImportError, RuntimeError, PluginError) as error:
             candidates.append(Candidate(name, problem=f"not usable here: {error}"))
             continue
@@ -126,7 +121,7 @@ def plan(
             # A strategy the module's structure cannot serve (a pipeline without blocks to cut) is no candidate.
             if isinstance(strategy, ChecksModuleBeforeLaunch):
                 strategy.check_module(module, "fit")
-            candidate = judge(name, strategy, footprint, resources, num_nodes)
+            candidate = judge(name, strategy, footprint, resources, options.get("num_nodes", 1))
         except (ValueError, TypeError) as error:
             candidate = Candidate(name, problem=f"not usable for {type(module).__name__}: {error}")
         candidates.append(candidate)

@@ -5,10 +5,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from torch import nn
-from torch.optim import Optimizer
-
 from stratagem.runtime.wrappers import unwrapped
+from stratagem.strategies.live_state import is_live_state
 
 if TYPE_CHECKING:
     from stratagem.checkpoint_io import PathLike
@@ -20,7 +18,7 @@ def saved_state(state: dict[str, Any]) -> dict[str, Any]:
     checkpoint: dict[str, Any] = {}
     for key, value in state.items():
         value = unwrapped(value)
-        if _is_live(value):
+        if is_live_state(value):
             checkpoint[key] = value
         elif _is_stateful(value):
             checkpoint[key] = value.state_dict()
@@ -35,7 +33,7 @@ def load_state(
     strategy: Strategy, path: PathLike, state: dict[str, Any], *, strict: bool, weights_only: bool
 ) -> dict[str, Any]:
     """Load ``path`` into ``state`` in place (see ``Runtime.load``); return the checkpoint's other entries."""
-    live = {key: unwrapped(value) for key, value in state.items() if _is_live(unwrapped(value))}
+    live = {key: unwrapped(value) for key, value in state.items() if is_live_state(unwrapped(value))}
     remaining = strategy.load_checkpoint(path, live, strict=strict, weights_only=weights_only)
     for key, value in state.items():
         if key in live:
@@ -56,13 +54,6 @@ def load_state(
         else:
             state[key] = saved
     return remaining
-
-
-def _is_live(value: Any) -> bool:
-    """What the strategy itself turns into state: a module, an optimizer, or a list of optimizers."""
-    if isinstance(value, nn.Module | Optimizer):
-        return True
-    return isinstance(value, list | tuple) and bool(value) and all(isinstance(item, Optimizer) for item in value)
 
 
 def _is_stateful(value: Any) -> bool:

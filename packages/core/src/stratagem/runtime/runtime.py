@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import torch
 from torch import nn
@@ -13,8 +13,7 @@ from torch.optim import Optimizer
 from torch.utils._pytree import tree_map
 
 from stratagem.checkpoint_io import PathLike
-from stratagem.connector import Plugin, resolve
-from stratagem.mesh import Degree, MeshLayout
+from stratagem.connector import ResolveOptions, resolve, takes_resolve_options
 from stratagem.runtime.checkpoint_state import load_state, saved_state
 from stratagem.runtime.lifecycle import StrategyLifecycle
 from stratagem.runtime.wrappers import RuntimeDataLoader, RuntimeModule, RuntimeOptimizer, unwrapped, wrap_optimizer
@@ -25,9 +24,11 @@ from stratagem.strategies import (
     RebuildsDataLoaders,
     ReduceOp,
     StepBoundaryListener,
-    Strategy,
 )
 from stratagem.strategies.step_calls import StepCalls, batch_to_device_call, step_calls
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 Result = TypeVar("Result")
 
@@ -49,29 +50,13 @@ class Runtime:
     ``step`` and :meth:`no_backward_sync`, which tell the engine where an accumulation window ends.
     """
 
-    def __init__(
-        self,
-        *,
-        accelerator: Any = "auto",
-        strategy: str | Strategy = "auto",
-        devices: int | list[int] | str = "auto",
-        num_nodes: int = 1,
-        precision: str | int | None = None,
-        plugins: Plugin | Iterable[Plugin] | None = None,
-        layout: MeshLayout | dict[str, Degree] | str | None = None,
-    ) -> None:
-        resolved = resolve(
-            accelerator=accelerator,
-            strategy=strategy,
-            devices=devices,
-            num_nodes=num_nodes,
-            precision=precision,
-            plugins=plugins,
-            layout=layout,
-        )
+    @takes_resolve_options
+    def __init__(self, **options: Unpack[ResolveOptions]) -> None:
+        resolved = resolve(**options)
         if isinstance(resolved, OwnsTrainingStep | RebuildsDataLoaders):
             raise ValueError(
-                f"strategy={strategy!r} ({type(resolved).__name__}) cannot run in an own loop: its engine "
+                f"strategy={options.get('strategy', 'auto')!r} ({type(resolved).__name__}) cannot run in an own loop: "
+                "its engine "
                 + (
                     "runs whole training steps (forward, backward, optimizer step and accumulation in one call), "
                     "so there is no backward or step for a loop to call"

@@ -26,6 +26,7 @@ from stratagem.strategies.init_contexts import skip_parameter_init
 from stratagem.strategies.memory import LayoutSharding, MemoryEstimate, ModelFootprint, replicated_estimate
 from stratagem.strategies.parallel import ParallelOptions, ParallelStrategy, split_parallel_options
 from stratagem.strategies.single_device import SingleDeviceStrategy
+from stratagem.strategies.single_process import SingleProcessCollectives
 from stratagem.strategies.strategy import LoopSettings, ReduceOp, Strategy, StrategyOptions
 
 __all__ = [
@@ -49,6 +50,7 @@ __all__ = [
     "RehearsesSetup",
     "ReduceOp",
     "SingleDeviceStrategy",
+    "SingleProcessCollectives",
     "StepBoundary",
     "StepBoundaryListener",
     "Strategy",

@@ -4,6 +4,9 @@ against it: what the registry validates options with, what ``help()`` shows, and
 from __future__ import annotations
 
 import inspect
+import re
+import sys
+import typing
 from typing import Any
 
 LIGHTNING_RENAMES = {"precision_plugin": "precision"}
@@ -16,8 +19,8 @@ def signature_with_forwarded_options(cls: type) -> inspect.Signature:
     """``cls.__init__``'s parameters, with a catch-all (``**parallel_options``, ``**options``) followed by the
     keyword parameters of the next ``__init__`` up the class hierarchy, which it is passed on to.
 
-    A catch-all annotated ``Unpack[...]`` forwards only those and is dropped; any other stays, for options the
-    class takes beyond them.
+    A catch-all annotated ``Unpack[SomeOptions]`` forwards only those of them that ``SomeOptions`` (a TypedDict of
+    the defining module) names, and is dropped; any other stays, for options the class takes beyond them.
     """
     defining = next(klass for klass in cls.__mro__ if "__init__" in vars(klass))
     own = list(inspect.signature(defining.__init__).parameters.values())[1:]  # type: ignore[misc]
@@ -27,13 +30,30 @@ def signature_with_forwarded_options(cls: type) -> inspect.Signature:
         return inspect.Signature(explicit)
     base = next(klass for klass in defining.__mro__[1:] if "__init__" in vars(klass))
     names = {parameter.name for parameter in explicit}
+    unpacked = [_unpacked_keys(defining, parameter) for parameter in catch_all]
+    taken = None if None in unpacked else frozenset().union(*(keys for keys in unpacked if keys is not None))
     forwarded = [
         parameter.replace(kind=inspect.Parameter.KEYWORD_ONLY)
         for parameter in _signature_of(base).parameters.values()
-        if parameter.kind in _NAMED and parameter.name not in names
+        if parameter.kind in _NAMED and parameter.name not in names and (taken is None or parameter.name in taken)
     ]
     kept = [parameter for parameter in catch_all if "Unpack[" not in str(parameter.annotation)]
     return inspect.Signature([*explicit, *forwarded, *kept])
+
+
+def _unpacked_keys(cls: type, catch_all: inspect.Parameter) -> frozenset[str] | None:
+    """The keys of the TypedDict a ``**options: Unpack[SomeOptions]`` catch-all of ``cls.__init__`` takes; ``None``
+    for another catch-all, or one whose TypedDict is not a name in the module that defines ``cls``."""
+    annotation = catch_all.annotation
+    if isinstance(annotation, str):  # postponed (``from __future__ import annotations``): look the name up
+        match = re.fullmatch(r"(?:\w+\.)*Unpack\[(\w+)\]", annotation)
+        options: Any = getattr(sys.modules.get(cls.__module__), match.group(1), None) if match else None
+    else:
+        arguments = typing.get_args(annotation)
+        options = arguments[0] if "Unpack[" in str(annotation) and arguments else None
+    if not hasattr(options, "__optional_keys__"):
+        return None
+    return frozenset(options.__optional_keys__) | frozenset(options.__required_keys__)
 
 
 def _signature_of(cls: type) -> inspect.Signature:

@@ -1,29 +1,31 @@
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
-from stratagem.accelerators import Accelerator
-from stratagem.checkpoint_io import CheckpointIO
 from stratagem.environments.cluster_environment import ClusterEnvironment
 from stratagem.launchers import InProcessLauncher, Launcher
-from stratagem.precision import Precision
-from stratagem.strategies.collective_arguments import reduce_operation
-from stratagem.strategies.strategy import ReduceOp, Strategy
+from stratagem.strategies.single_process import SingleProcessCollectives
+from stratagem.strategies.strategy import Strategy, StrategyOptions
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 
-class SingleDeviceStrategy(Strategy):
+class SingleDeviceStrategy(SingleProcessCollectives, Strategy):
     """One process on one device. Collectives are identities."""
 
+    one_device_name: ClassVar[str] = "single_device"
+    """The registered name a run on several devices is refused under."""
+
+    several_devices_instead: ClassVar[str] = "a parallel strategy such as 'ddp'"
+    """What that refusal offers instead, besides one device."""
+
     def __init__(
-        self,
-        device: torch.device | str | int | None = None,
-        accelerator: Accelerator | None = None,
-        precision: Precision | None = None,
-        checkpoint_io: CheckpointIO | None = None,
+        self, device: torch.device | str | int | None = None, **strategy_options: Unpack[StrategyOptions]
     ) -> None:
-        super().__init__(accelerator=accelerator, precision=precision, checkpoint_io=checkpoint_io)
+        super().__init__(**strategy_options)
         self._device = torch.device(device) if device is not None else None
         self._launcher = InProcessLauncher()
 
@@ -32,9 +34,9 @@ class SingleDeviceStrategy(Strategy):
     ) -> None:
         if len(devices) * num_nodes != 1:
             raise ValueError(
-                f"strategy='single_device' runs on exactly one device, but devices={len(devices)} and "
-                f"num_nodes={num_nodes} ask for {len(devices) * num_nodes}. Use devices=1, num_nodes=1, "
-                "or a parallel strategy such as 'ddp'."
+                f"strategy={self.one_device_name!r} runs on exactly one device, but devices={len(devices)} and "
+                f"num_nodes={num_nodes} ask for {len(devices) * num_nodes}. Use devices=1, num_nodes=1, or "
+                f"{self.several_devices_instead}."
             )
         if self._device is None:
             self._device = devices[0]
@@ -56,19 +58,6 @@ class SingleDeviceStrategy(Strategy):
         if self._device is None:
             return torch.device("cpu")
         return self._device
-
-    def reduce(self, tensor: Any, op: ReduceOp = "mean", *, group: Any = None, reduce_op: Any = None) -> Any:
-        reduce_operation(op, reduce_op)
-        return tensor
-
-    def all_gather(self, tensor: torch.Tensor, sync_grads: bool = False, *, group: Any = None) -> torch.Tensor:
-        return tensor.unsqueeze(0)
-
-    def broadcast(self, obj: Any, src: int = 0) -> Any:
-        return obj
-
-    def barrier(self, name: str | None = None) -> None:
-        return None
 
     def __repr__(self) -> str:
         return f"SingleDeviceStrategy(device={str(self.root_device)!r})"

@@ -25,6 +25,7 @@ from stratagem.strategies.capabilities import adopt_legacy_capabilities
 from stratagem.strategies.compilation import BlockPolicy, CompiledRegions, CompileSettings, strip_compile_prefix
 from stratagem.strategies.constructor_signature import check_option_names, signature_with_forwarded_options
 from stratagem.strategies.init_contexts import skip_parameter_init
+from stratagem.strategies.live_state import is_optimizer_list
 from stratagem.strategies.memory import LayoutSharding, MemoryEstimate, ModelFootprint, replicated_estimate
 
 if TYPE_CHECKING:
@@ -503,7 +504,7 @@ class Strategy(ABC):
                 target.load_state_dict(strip_compile_prefix(remaining.pop(key)), strict=strict)
             elif isinstance(target, Optimizer):
                 target.load_state_dict(remaining.pop(key))
-            elif isinstance(target, list | tuple) and target and isinstance(target[0], Optimizer):
+            elif is_optimizer_list(target):
                 for optimizer, optimizer_state in zip(target, remaining.pop(key), strict=True):
                     optimizer.load_state_dict(optimizer_state)
         return remaining
@@ -544,7 +545,7 @@ class Strategy(ABC):
             return value.state_dict()
         if isinstance(value, Optimizer):
             return value.state_dict()
-        if isinstance(value, list | tuple) and value and isinstance(value[0], Optimizer):
+        if is_optimizer_list(value):
             return [optimizer.state_dict() for optimizer in value]
         return value
 

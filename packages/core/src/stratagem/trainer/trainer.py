@@ -10,7 +10,7 @@ import sys
 from collections.abc import Iterable, Iterator, Mapping
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 from torch import nn
@@ -20,14 +20,13 @@ from stratagem.callbacks.model_checkpoint import ModelCheckpoint
 from stratagem.callbacks.model_summary import ModelSummary
 from stratagem.callbacks.progress_bar import ProgressBar
 from stratagem.checkpoint_io import PathLike
-from stratagem.connector import Plugin, auto_strategy_name, resolve
+from stratagem.connector import ResolveOptions, auto_strategy_name, resolve, takes_resolve_options, wiring_options
 from stratagem.loggers.csv_logger import CSVLogger
 from stratagem.loggers.logger import Logger
-from stratagem.mesh import Degree, MeshLayout
 from stratagem.module import Module
-from stratagem.planning.auto import AutoRequest, choice_for_workers, choose_strategy
+from stratagem.planning.auto import choice_for_workers, choose_strategy
 from stratagem.runtime.lifecycle import StrategyLifecycle
-from stratagem.strategies import ChecksModuleBeforeLaunch, LoopSettings, Strategy
+from stratagem.strategies import ChecksModuleBeforeLaunch, LoopSettings
 from stratagem.strategies.compilation import CompileSettings, parse_compile_option, unwrap_compiled
 from stratagem.trainer.agreement import agree_on_checkpoint, check_checkpoint_directories_shared
 from stratagem.trainer.checkpointing import (
@@ -48,6 +47,9 @@ from stratagem.trainer.rng import seed_everything, with_seeded_workers, worker_s
 from stratagem.trainer.run_context import RunContext
 from stratagem.trainer.settings import SETTING_NAMES, NonFinite, parse_settings
 from stratagem.trainer.worker_output import WorkerOutput
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 LoggerArgument = bool | str | Logger | Iterable[str | Logger] | None
 
@@ -87,16 +89,10 @@ class Trainer:
     whether a batch gave a loss (``training_step`` returning ``None``); ranks that do not are an error naming them.
     """
 
+    @takes_resolve_options
     def __init__(
         self,
         *,
-        accelerator: Any = "auto",
-        strategy: str | Strategy = "auto",
-        devices: int | list[int] | str = "auto",
-        num_nodes: int = 1,
-        precision: str | int | None = None,
-        plugins: Plugin | Iterable[Plugin] | None = None,
-        layout: MeshLayout | dict[str, Degree] | str | None = None,
         max_epochs: int | None = None,
         max_steps: int = -1,
         limit_train_batches: int | float = 1.0,
@@ -123,6 +119,7 @@ class Trainer:
         compile: bool | dict[str, Any] | None = False,
         max_time: timedelta | Mapping[str, float] | str | None = None,
         fast_dev_run: bool | int = False,
+        **resolve_options: Unpack[ResolveOptions],
     ) -> None:
         self.compile_settings = parse_compile_option(compile)
         # The loop options are the parameters named like TrainerSettings' fields; parse_settings checks them all.
@@ -130,18 +127,10 @@ class Trainer:
         self.settings = parse_settings({name: arguments[name] for name in SETTING_NAMES})
         self.callbacks = _arrange_callbacks(callbacks, enable_progress_bar, enable_checkpointing, enable_model_summary)
         self.loggers = [] if self.settings.fast_dev_run else _make_loggers(logger, self.settings.default_root_dir)
-        self.strategy = resolve(
-            accelerator=accelerator,
-            strategy=strategy,
-            devices=devices,
-            num_nodes=num_nodes,
-            precision=precision,
-            plugins=plugins,
-            layout=layout,
-        )
+        self.strategy = resolve(**resolve_options)
         # "auto" is settled by the first fit, which sees the model: see _plan_strategy.
         self._auto_request = (
-            AutoRequest(accelerator, devices, num_nodes, precision, plugins) if strategy == "auto" else None
+            wiring_options(resolve_options) if resolve_options.get("strategy", "auto") == "auto" else None
         )
         self.strategy.connect_loop_settings(
             LoopSettings(
@@ -430,11 +419,11 @@ class Trainer:
         the reason when it kept the usual choice (for the model summary)."""
         request, self._auto_request = self._auto_request, None
         assert request is not None
-        default = auto_strategy_name(self.strategy.world_size)
+        default = auto_strategy_name(self.strategy.world_size, request.get("layout"))
         name, reason = choose_strategy(module, request, default, device=self.strategy.root_device)
         if name != default:
             settings = self.strategy.loop_settings
-            self.strategy = resolve(strategy=name, **request.resolve_kwargs())
+            self.strategy = resolve(strategy=name, **request)
             self.strategy.connect_loop_settings(settings)
             if reason is not None:
                 print(f"stratagem: {reason}", file=sys.stderr, flush=True)
