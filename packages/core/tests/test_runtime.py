@@ -17,7 +17,14 @@ from stratagem import Trainer
 from stratagem.callbacks import Callback
 from stratagem.demo import DemoModule, make_classification
 from stratagem.runtime import RuntimeOptimizer
-from stratagem.strategies import EngineSteps, OwnsAccumulation, OwnsTrainingStep, SingleDeviceStrategy
+from stratagem.strategies import (
+    EngineSteps,
+    LoopSettings,
+    OwnsAccumulation,
+    OwnsTrainingStep,
+    SingleDeviceStrategy,
+    TakesLoopSettings,
+)
 
 OWN_LOOP_EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "own_loop"
 SAMPLES, BATCH, SEED = 256, 32, 1234
@@ -290,7 +297,7 @@ class _WholeStepEngine(SingleDeviceStrategy, OwnsTrainingStep):
         raise AssertionError("never called")
 
 
-class _AccumulatingEngine(SingleDeviceStrategy, OwnsAccumulation):
+class _AccumulatingEngine(SingleDeviceStrategy, OwnsAccumulation, TakesLoopSettings):
     def __init__(self) -> None:
         super().__init__()
         self.boundaries: list[bool] = []
@@ -308,7 +315,7 @@ def _two_micro_batches_then_late_loaders(runtime):
             runtime.backward(functional.cross_entropy(model(features), labels))
     optimizer.step()
     told = list(runtime.strategy.boundaries)
-    runtime.strategy.loop_settings = type(runtime.strategy.loop_settings)()  # as if no loader had been set up
+    runtime.connect_loop_settings(LoopSettings())  # as if no loader had been set up
     try:
         runtime.setup_dataloaders(DataLoader(make_classification(8), batch_size=4))
     except RuntimeError as refused:

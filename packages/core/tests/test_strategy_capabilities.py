@@ -14,6 +14,7 @@ import stratagem.trainer.accumulation as accumulation_module
 import stratagem.trainer.evaluation_loop as evaluation_loop_module
 import stratagem.trainer.fit_loop as fit_loop_module
 import stratagem.trainer.predict_loop as predict_loop_module
+from stratagem.runtime import Runtime
 from stratagem.strategies import (
     BackwardSyncControl,
     FeedsBatchesToDevice,
@@ -21,7 +22,12 @@ from stratagem.strategies import (
     SingleDeviceStrategy,
     Strategy,
 )
-from stratagem.trainer.accumulation import EngineAccumulation, TrainerAccumulation, accumulation_policy
+from stratagem.trainer.accumulation import (
+    AccumulationPolicy,
+    EngineAccumulation,
+    TrainerAccumulation,
+    accumulation_policy,
+)
 
 CAPABILITY_NAMES = {
     "BackwardSyncControl",
@@ -33,6 +39,11 @@ CAPABILITY_NAMES = {
     "no_backward_sync",
     "set_accumulation_boundary",
 }
+
+
+def _policy(strategy: Strategy, accumulate: int, optimizers: list[Any]) -> AccumulationPolicy:
+    """The policy a fit of ``strategy`` gets, stepping optimizers as the fit loop's calls do."""
+    return accumulation_policy(Runtime.around(strategy), accumulate, optimizers, strategy.optimizer_step)
 
 
 def _names_in(tree: ast.AST) -> set[str]:
@@ -103,7 +114,7 @@ class _Engine(SingleDeviceStrategy, OwnsAccumulation):
 
 def test_a_strategy_that_controls_backward_sync_gets_trainer_accumulation_with_its_sync_control():
     strategy = _SyncControlled()
-    policy = accumulation_policy(strategy, 4, [])
+    policy = _policy(strategy, 4, [])
     assert isinstance(policy, TrainerAccumulation)
     with policy.micro_batch(is_boundary=False):
         pass
@@ -115,7 +126,7 @@ def test_a_strategy_that_controls_backward_sync_gets_trainer_accumulation_with_i
 
 def test_without_accumulation_backward_sync_is_never_skipped_and_the_loss_is_unchanged():
     strategy = _SyncControlled()
-    policy = accumulation_policy(strategy, 1, [])
+    policy = _policy(strategy, 1, [])
     with policy.micro_batch(is_boundary=True):
         pass
     assert strategy.skipped == []
@@ -134,7 +145,7 @@ def test_without_accumulation_every_batch_steps_with_its_loss_unscaled_and_no_sy
     training_step = module.training_step
     module.training_step = lambda batch, batch_idx: returned.append(training_step(batch, batch_idx)) or returned[-1]  # type: ignore[method-assign]
     trainer.fit(module, make_loader(num_samples=40, batch_size=8))
-    assert isinstance(accumulation_policy(strategy, 1, []), accumulation_module.StepEveryBatch)
+    assert isinstance(_policy(strategy, 1, []), accumulation_module.StepEveryBatch)
     assert strategy.skipped == []
     assert trainer.global_step == 5
     assert len(scaled) == 5
@@ -143,7 +154,7 @@ def test_without_accumulation_every_batch_steps_with_its_loss_unscaled_and_no_sy
 
 
 def test_a_plain_strategy_accumulates_in_the_trainer_and_syncs_every_micro_batch():
-    policy = accumulation_policy(SingleDeviceStrategy(), 2, [])
+    policy = _policy(SingleDeviceStrategy(), 2, [])
     assert isinstance(policy, TrainerAccumulation)
     with policy.micro_batch(is_boundary=False):
         pass
@@ -153,7 +164,7 @@ def test_a_plain_strategy_accumulates_in_the_trainer_and_syncs_every_micro_batch
 def test_an_engine_is_told_every_boundary_and_stepped_between_boundaries_with_the_loss_unscaled():
     strategy = _Engine()
     optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
-    policy = accumulation_policy(strategy, 2, [optimizer])
+    policy = _policy(strategy, 2, [optimizer])
     assert isinstance(policy, EngineAccumulation)
     with policy.micro_batch(is_boundary=False):
         pass
@@ -263,11 +274,12 @@ def test_every_pass_reads_its_batches_through_a_strategy_that_feeds_them_to_the_
 
 
 def test_the_batch_feed_ability_is_looked_at_only_where_the_feed_is_chosen():
+    import stratagem.runtime.runtime as runtime_module
     import stratagem.trainer.data as data_module
 
-    tree = ast.parse(Path(inspect.getfile(data_module)).read_text())
+    tree = ast.parse(Path(inspect.getfile(runtime_module)).read_text())
     for function in ast.walk(tree):
         if isinstance(function, ast.FunctionDef) and function.name != "batch_feed":
             assert "FeedsBatchesToDevice" not in _names_in(function), function.name
-    for module in (fit_loop_module, evaluation_loop_module, predict_loop_module):
+    for module in (fit_loop_module, evaluation_loop_module, predict_loop_module, data_module):
         assert "FeedsBatchesToDevice" not in _names_in(ast.parse(Path(inspect.getfile(module)).read_text()))

@@ -9,7 +9,7 @@ from torch import nn
 
 from stratagem.environments.cluster_environment import ClusterEnvironment
 from stratagem.launchers import InProcessLauncher, Launcher
-from stratagem.strategies import ReduceOp, Strategy, StrategyOptions
+from stratagem.strategies import ReduceOp, RefusesManualOptimization, Strategy, StrategyOptions
 from stratagem.strategies.collective_arguments import reduce_operation
 
 if TYPE_CHECKING:
@@ -19,7 +19,7 @@ SUPPORTED_PRECISIONS = ("32-true", "64-true")
 """DataParallel replicates the module per forward; the 16-bit plugins' casts and scalers do not follow it."""
 
 
-class DataParallelStrategy(Strategy):
+class DataParallelStrategy(Strategy, RefusesManualOptimization):
     """Each batch is split across the GPUs of one process and the replicas' outputs gathered on the first.
 
     Collectives are identities (there is one rank). The training loss the replicas return is

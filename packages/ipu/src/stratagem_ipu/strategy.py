@@ -39,6 +39,7 @@ from stratagem.strategies import (
     ReduceOp,
     Strategy,
     StrategyOptions,
+    TakesLoopSettings,
 )
 from stratagem.strategies.collective_arguments import reduce_operation
 from stratagem_ipu.accelerator import POPTORCH_MISSING, poptorch_installed
@@ -51,7 +52,7 @@ if TYPE_CHECKING:
 _HOST = torch.device("cpu")
 
 
-class IPUStrategy(Strategy, OwnsTrainingStep, RebuildsDataLoaders):
+class IPUStrategy(Strategy, OwnsTrainingStep, RebuildsDataLoaders, TakesLoopSettings):
     """Train and evaluate on IPUs with PopTorch.
 
     ``device_iterations``: optimizer steps per host call (default 1, or ``training_opts``'s).

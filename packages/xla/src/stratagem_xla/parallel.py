@@ -16,7 +16,7 @@ from stratagem.checkpoint_io import CheckpointIO
 from stratagem.environments import ClusterEnvironment
 from stratagem.launchers import Launcher
 from stratagem.precision import Precision
-from stratagem.strategies import FeedsBatchesToDevice, ParallelStrategy, ReduceOp
+from stratagem.strategies import DefersHostReads, FeedsBatchesToDevice, ParallelStrategy, ReduceOp
 from stratagem.strategies.collective_arguments import reduce_operation
 from stratagem_xla import stepping
 from stratagem_xla.accelerator import XLAAccelerator
@@ -26,7 +26,7 @@ from stratagem_xla.launcher import XLALauncher
 from stratagem_xla.precision_support import check_precision
 
 
-class XLAStrategy(ParallelStrategy, FeedsBatchesToDevice):
+class XLAStrategy(ParallelStrategy, FeedsBatchesToDevice, DefersHostReads):
     """Data parallel over the XLA devices of a host (TPU cores), one replica process per device.
 
     Replicas are started by ``xmp.spawn`` (:class:`~stratagem_xla.launcher.XLALauncher`) and numbered by the
@@ -39,7 +39,6 @@ class XLAStrategy(ParallelStrategy, FeedsBatchesToDevice):
     """
 
     # Reading each step's loss on the host would cut XLA's traced graph and wait for the device every step.
-    checks_steps_on_host = False
 
     @staticmethod
     def is_available() -> bool:

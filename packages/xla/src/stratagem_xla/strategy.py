@@ -12,14 +12,14 @@ from stratagem.accelerators import Accelerator
 from stratagem.checkpoint_io import CheckpointIO
 from stratagem.environments import ClusterEnvironment
 from stratagem.precision import Precision
-from stratagem.strategies import FeedsBatchesToDevice, SingleDeviceStrategy
+from stratagem.strategies import DefersHostReads, FeedsBatchesToDevice, SingleDeviceStrategy
 from stratagem_xla import runtime, stepping
 from stratagem_xla.accelerator import XLAAccelerator
 from stratagem_xla.checkpoint_io import XLACheckpointIO
 from stratagem_xla.precision_support import check_precision
 
 
-class SingleXLAStrategy(SingleDeviceStrategy, FeedsBatchesToDevice):
+class SingleXLAStrategy(SingleDeviceStrategy, FeedsBatchesToDevice, DefersHostReads):
     """One process training on one XLA device (a TPU core, or XLA's CPU device where there is no TPU).
 
     Batches arrive through torch_xla's parallel loader, which ends each step's traced graph, and
@@ -28,7 +28,6 @@ class SingleXLAStrategy(SingleDeviceStrategy, FeedsBatchesToDevice):
     """
 
     # Reading each step's loss on the host would cut XLA's traced graph and wait for the device every step.
-    checks_steps_on_host = False
 
     @staticmethod
     def is_available() -> bool:

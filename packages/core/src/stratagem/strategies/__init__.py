@@ -3,16 +3,24 @@
 from stratagem.strategies.capabilities import (
     BackwardSyncControl,
     ChecksModuleBeforeLaunch,
+    ChecksRunBeforeLaunch,
+    DefersHostReads,
     EngineSteps,
     FeedsBatchesToDevice,
     LoaderStage,
+    LoopSettings,
     OwnsAccumulation,
     OwnsTrainingStep,
     PreparesEachBackward,
     RebuildsDataLoaders,
+    RefusesManualOptimization,
     RehearsesSetup,
     StepBoundary,
     StepBoundaryListener,
+    StepsLRSchedulers,
+    SuppliesOptimizer,
+    TakesLoopSettings,
+    TakesLRSchedulers,
     TakesMeshLayout,
 )
 from stratagem.strategies.compilation import BlockPolicy, CompileSettings
@@ -26,13 +34,15 @@ from stratagem.strategies.init_contexts import skip_parameter_init
 from stratagem.strategies.memory import LayoutSharding, MemoryEstimate, ModelFootprint, replicated_estimate
 from stratagem.strategies.parallel import ParallelOptions, ParallelStrategy, split_parallel_options
 from stratagem.strategies.single_device import SingleDeviceStrategy
-from stratagem.strategies.strategy import LoopSettings, ReduceOp, Strategy, StrategyOptions
+from stratagem.strategies.strategy import ReduceOp, Strategy, StrategyOptions
 
 __all__ = [
     "BackwardSyncControl",
     "BlockPolicy",
     "ChecksModuleBeforeLaunch",
+    "ChecksRunBeforeLaunch",
     "CompileSettings",
+    "DefersHostReads",
     "EngineSteps",
     "FeedsBatchesToDevice",
     "LoaderStage",
@@ -46,13 +56,18 @@ __all__ = [
     "ParallelStrategy",
     "PreparesEachBackward",
     "RebuildsDataLoaders",
+    "RefusesManualOptimization",
     "RehearsesSetup",
     "ReduceOp",
     "SingleDeviceStrategy",
     "StepBoundary",
     "StepBoundaryListener",
+    "StepsLRSchedulers",
     "Strategy",
     "StrategyOptions",
+    "SuppliesOptimizer",
+    "TakesLRSchedulers",
+    "TakesLoopSettings",
     "TakesMeshLayout",
     "check_release_host_memory",
     "host_memory_is_tight",

@@ -32,7 +32,7 @@ class StepCalls:
 
     batch_to_device: Callable[[Any], Any]
     """:meth:`Strategy.batch_to_device`."""
-    training_step: Callable[..., Any]
+    run_step: Callable[..., Any]
     """:meth:`Strategy.run_step` with the step's name bound: called with the step's arguments."""
     backward: Callable[[torch.Tensor], Any]
     """:meth:`Strategy.backward` with the optimizer bound: called with the loss."""
@@ -47,7 +47,7 @@ def step_calls(strategy: Strategy, step_name: str, backward_optimizer: Optimizer
     precision = strategy.precision
     return StepCalls(
         batch_to_device=_batch_to_device(strategy, precision),
-        training_step=_training_step(strategy, precision, step_name),
+        run_step=_run_step(strategy, precision, step_name),
         backward=_backward(strategy, precision, backward_optimizer),
         optimizer_step=_optimizer_step(strategy, precision),
         zero_grad=_zero_grad(strategy),
@@ -68,7 +68,7 @@ def _batch_to_device(strategy: Strategy, precision: Precision) -> Callable[[Any]
     return strategy.batch_to_device
 
 
-def _training_step(strategy: Strategy, precision: Precision, step_name: str) -> Callable[..., Any]:
+def _run_step(strategy: Strategy, precision: Precision, step_name: str) -> Callable[..., Any]:
     if _inherited(strategy, "run_step", Strategy.run_step) and _inherited(
         precision, "forward_context", Precision.forward_context
     ):
