@@ -17,7 +17,9 @@ import stratagem.trainer.predict_loop as predict_loop_module
 from stratagem.runtime import Runtime
 from stratagem.strategies import (
     BackwardSyncControl,
+    ChecksRunBeforeLaunch,
     FeedsBatchesToDevice,
+    LoopSettings,
     OwnsAccumulation,
     SingleDeviceStrategy,
     Strategy,
@@ -283,3 +285,70 @@ def test_the_batch_feed_ability_is_looked_at_only_where_the_feed_is_chosen():
             assert "FeedsBatchesToDevice" not in _names_in(function), function.name
     for module in (fit_loop_module, evaluation_loop_module, predict_loop_module, data_module):
         assert "FeedsBatchesToDevice" not in _names_in(ast.parse(Path(inspect.getfile(module)).read_text()))
+
+
+# -- Trainer-only members that left Strategy ------------------------------------------------------
+
+
+def test_strategy_keeps_none_of_the_trainer_only_members():
+    for name in (
+        "loop_settings",
+        "connect_loop_settings",
+        "check_run",
+        "check_lr_schedulers",
+        "max_lr_schedulers",
+        "steps_lr_schedulers",
+        "supplies_optimizer",
+        "manual_optimization_unsupported",
+        "checks_steps_on_host",
+    ):
+        assert not hasattr(Strategy, name), name
+
+
+def test_a_plugin_still_declaring_check_run_on_strategy_is_treated_as_checking_runs(tmp_path):
+    with pytest.warns(DeprecationWarning, match="check_run.*ChecksRunBeforeLaunch"):
+
+        class LegacyInferenceOnly(SingleDeviceStrategy):
+            def check_run(self, stage: str) -> None:
+                if stage == "fit":
+                    raise ValueError("legacy: cannot train")
+
+    strategy = LegacyInferenceOnly()
+    assert isinstance(strategy, ChecksRunBeforeLaunch)
+    with pytest.raises(ValueError, match="legacy: cannot train"):
+        quiet_trainer(tmp_path, strategy=strategy).fit(ClassifierModule(), make_loader())
+
+
+def test_a_plugin_still_declaring_checks_steps_on_host_false_gets_no_per_step_loss_reads():
+    with pytest.warns(DeprecationWarning, match="checks_steps_on_host = False.*DefersHostReads"):
+
+        class LegacyLazy(SingleDeviceStrategy):
+            checks_steps_on_host = False
+
+    assert not Runtime.around(LegacyLazy()).reads_steps_on_host
+    assert Runtime.around(SingleDeviceStrategy()).reads_steps_on_host
+
+
+def test_a_plugin_overriding_a_member_that_moved_to_a_mixin_is_refused_naming_the_mixin():
+    with pytest.raises(TypeError, match=r"connect_loop_settings.*stratagem\.strategies\.TakesLoopSettings"):
+
+        class LegacySettings(SingleDeviceStrategy):
+            def connect_loop_settings(self, settings: LoopSettings) -> None:
+                pass
+
+    with pytest.raises(TypeError, match=r"steps_lr_schedulers.*stratagem\.strategies\.StepsLRSchedulers"):
+
+        class LegacySchedulers(SingleDeviceStrategy):
+            steps_lr_schedulers = True
+
+
+def test_a_strategy_declaring_no_trainer_only_ability_is_told_no_loop_settings_and_runs_with_defaults(tmp_path):
+    class Plain(SingleDeviceStrategy):
+        pass
+
+    strategy = Plain()
+    trainer = quiet_trainer(tmp_path, strategy=strategy, max_steps=2, accumulate_grad_batches=2, gradient_clip_val=1.0)
+    trainer.fit(ClassifierModule(), make_loader())
+    assert trainer.global_step == 2
+    assert not hasattr(strategy, "loop_settings")
+    assert trainer.runtime.loop_settings.accumulate_grad_batches == 2

@@ -15,7 +15,7 @@ import functools
 import operator
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch.optim import Optimizer
@@ -40,6 +40,8 @@ class StepCalls:
     """:meth:`Strategy.optimizer_step`."""
     zero_grad: Callable[[Optimizer], None]
     """:meth:`Strategy.zero_grad`."""
+    clip_gradients: Callable[[Optimizer, float, Literal["norm", "value"]], torch.Tensor | None]
+    """:meth:`Strategy.clip_gradients`."""
 
 
 def step_calls(strategy: Strategy, step_name: str, backward_optimizer: Optimizer | None) -> StepCalls:
@@ -51,6 +53,7 @@ def step_calls(strategy: Strategy, step_name: str, backward_optimizer: Optimizer
         backward=_backward(strategy, precision, backward_optimizer),
         optimizer_step=_optimizer_step(strategy, precision),
         zero_grad=_zero_grad(strategy),
+        clip_gradients=strategy.clip_gradients,
     )
 
 

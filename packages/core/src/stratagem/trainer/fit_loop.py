@@ -73,6 +73,7 @@ class FitLoop:
         self._backward = calls.backward
         self._step_optimizer = calls.optimizer_step
         self._zero_grad = calls.zero_grad
+        self._clip = calls.clip_gradients
         self.accumulation = accumulation_policy(
             runtime, self.accumulate, self.optimizers, calls.optimizer_step, self.automatic_optimization
         )
@@ -419,7 +420,7 @@ class FitLoop:
         """Clip every optimizer's gradients; whether the optimizers may step with them (see
         :meth:`StepChecks.gradient_norm_is_usable`: the norm clipping computed is checked for free)."""
         usable = True
-        clip, algorithm = self.runtime.clip_gradients_as, self.settings.gradient_clip_algorithm
+        clip, algorithm = self._clip, self.settings.gradient_clip_algorithm
         for optimizer in self.optimizers:
             norm = clip(optimizer, clip_val, algorithm)
             if self._checks_gradient_norm:
