@@ -7,6 +7,7 @@ from torch.optim.lr_scheduler import StepLR
 from torch.utils.data import DataLoader
 from trainer_testing import ClassifierModule, make_loader, quiet_trainer
 
+from stratagem.runtime import Runtime
 from stratagem.strategies import EngineSteps, OwnsTrainingStep, RebuildsDataLoaders, SingleDeviceStrategy
 from stratagem.trainer.accumulation import EngineTrainingSteps, accumulation_policy
 
@@ -59,7 +60,8 @@ class _WholeStepEngine(SingleDeviceStrategy, OwnsTrainingStep, RebuildsDataLoade
 
 
 def test_an_engine_that_owns_the_step_gets_the_engine_policy_whatever_else_it_could_do():
-    policy = accumulation_policy(_WholeStepEngine(), 4, [])
+    strategy = _WholeStepEngine()
+    policy = accumulation_policy(Runtime.around(strategy), 4, [], strategy.optimizer_step)
     assert isinstance(policy, EngineTrainingSteps)
     assert policy.optimizer_steps(num_batches=3) == 3 * MICRO_BATCHES_PER_CALL
 

@@ -5,6 +5,7 @@ from typing import Any
 import pytest
 import torch
 
+from stratagem.runtime import Runtime
 from stratagem.strategies import SingleDeviceStrategy
 from stratagem.trainer.metrics import LoggedMetrics
 
@@ -21,7 +22,7 @@ _DEFAULTS: dict[str, Any] = {
 
 def _metrics(stage: Any = "train_step") -> LoggedMetrics:
     metrics = LoggedMetrics()
-    metrics.strategy = SingleDeviceStrategy()
+    metrics.runtime = Runtime.around(SingleDeviceStrategy())
     metrics.stage = stage
     metrics.batch = (torch.zeros(4, 2),)
     return metrics

@@ -20,6 +20,7 @@ from stratagem.accelerators import CPUAccelerator
 from stratagem.callbacks import ModelCheckpoint
 from stratagem.checkpoint_io import CheckpointError
 from stratagem.environments import TorchElasticEnvironment
+from stratagem.runtime import Runtime
 from stratagem.strategies import ParallelStrategy
 from stratagem.testing import DistributedWorkers
 from stratagem.trainer.agreement import agree_on_checkpoint, check_checkpoint_directories_shared
@@ -49,7 +50,7 @@ def _trainer(every_rank_writes: bool = False, dirpath: str | None = None) -> Sim
         cluster_environment=TorchElasticEnvironment(),
     )
     callbacks = [ModelCheckpoint(dirpath=dirpath)] if dirpath is not None else []
-    return SimpleNamespace(strategy=strategy, checkpoint_callbacks=callbacks)
+    return SimpleNamespace(strategy=strategy, runtime=Runtime.around(strategy), checkpoint_callbacks=callbacks)
 
 
 def _own_directory(root: str) -> None:

@@ -17,7 +17,14 @@ from stratagem import Trainer
 from stratagem.callbacks import Callback
 from stratagem.demo import DemoModule, make_classification
 from stratagem.runtime import RuntimeOptimizer
-from stratagem.strategies import EngineSteps, OwnsAccumulation, OwnsTrainingStep, SingleDeviceStrategy
+from stratagem.strategies import (
+    EngineSteps,
+    LoopSettings,
+    OwnsAccumulation,
+    OwnsTrainingStep,
+    SingleDeviceStrategy,
+    TakesLoopSettings,
+)
 
 OWN_LOOP_EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "own_loop"
 SAMPLES, BATCH, SEED = 256, 32, 1234
@@ -290,7 +297,7 @@ class _WholeStepEngine(SingleDeviceStrategy, OwnsTrainingStep):
         raise AssertionError("never called")
 
 
-class _AccumulatingEngine(SingleDeviceStrategy, OwnsAccumulation):
+class _AccumulatingEngine(SingleDeviceStrategy, OwnsAccumulation, TakesLoopSettings):
     def __init__(self) -> None:
         super().__init__()
         self.boundaries: list[bool] = []
@@ -308,7 +315,7 @@ def _two_micro_batches_then_late_loaders(runtime):
             runtime.backward(functional.cross_entropy(model(features), labels))
     optimizer.step()
     told = list(runtime.strategy.boundaries)
-    runtime.strategy.loop_settings = type(runtime.strategy.loop_settings)()  # as if no loader had been set up
+    runtime.connect_loop_settings(LoopSettings())  # as if no loader had been set up
     try:
         runtime.setup_dataloaders(DataLoader(make_classification(8), batch_size=4))
     except RuntimeError as refused:
@@ -350,3 +357,44 @@ def test_setup_outside_launch_and_optimizers_before_the_module_are_refused():
         runtime.setup(nn.Linear(1, 1))
     with pytest.raises(RuntimeError, match=r"setup_optimizers comes after setup_module"):
         runtime.launch(_setup_optimizers_first)
+
+
+def test_the_trainer_s_loops_reach_the_strategy_only_through_its_runtime():
+    import ast
+    import inspect
+
+    import stratagem.trainer.accumulation as accumulation
+    import stratagem.trainer.evaluation_loop as evaluation_loop
+    import stratagem.trainer.fit_loop as fit_loop
+    import stratagem.trainer.metrics as metrics
+    import stratagem.trainer.predict_loop as predict_loop
+    import stratagem.trainer.step_checks as step_checks
+    from stratagem.trainer import manual_optimization
+
+    trees: dict[str, ast.AST] = {
+        module.__name__: ast.parse(Path(inspect.getfile(module)).read_text())
+        for module in (accumulation, evaluation_loop, fit_loop, metrics, predict_loop, step_checks)
+    }
+    manual_tree = ast.parse(Path(inspect.getfile(manual_optimization)).read_text())
+    # Which strategies can optimize manually is asked in the calling process; what a run calls is ManualSteps.
+    trees["ManualSteps"] = next(
+        node for node in ast.walk(manual_tree) if isinstance(node, ast.ClassDef) and node.name == "ManualSteps"
+    )
+    for name, tree in trees.items():
+        named = {node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute)}
+        named |= {node.id for node in ast.walk(tree) if isinstance(node, ast.Name)}
+        assert not named & {"strategy", "Strategy"}, name
+
+
+def test_the_trainer_drives_the_strategy_it_resolved_without_resolving_it_again(monkeypatch):
+    import stratagem.trainer.trainer as trainer_module
+
+    resolved = []
+    real_resolve = trainer_module.resolve
+    monkeypatch.setattr(trainer_module, "resolve", lambda **words: resolved.append(words) or real_resolve(**words))
+    trainer = _trainer(max_steps=2, accumulate_grad_batches=2)
+    trainer.fit(DemoModule(), DataLoader(make_classification(32), batch_size=8))
+    assert len(resolved) == 1
+    assert trainer.runtime.strategy is trainer.strategy
+    assert trainer.runtime.loop_settings.accumulate_grad_batches == 2
+    assert trainer.global_step == 2

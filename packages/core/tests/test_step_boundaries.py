@@ -9,8 +9,8 @@ from trainer_testing import ClassifierModule, make_loader, quiet_trainer
 import stratagem.trainer.evaluation_loop as evaluation_loop_module
 import stratagem.trainer.fit_loop as fit_loop_module
 import stratagem.trainer.predict_loop as predict_loop_module
+from stratagem.runtime import Runtime
 from stratagem.strategies import SingleDeviceStrategy, StepBoundary, StepBoundaryListener, Strategy
-from stratagem.trainer.step_boundaries import step_boundary_callback
 
 
 class _Listening(SingleDeviceStrategy, StepBoundaryListener):
@@ -44,7 +44,7 @@ def test_validate_test_and_predict_tell_the_strategy_before_every_step(tmp_path)
 def test_a_strategy_without_the_ability_gets_no_callback_so_the_loops_call_nothing():
     strategy = SingleDeviceStrategy()
     assert not hasattr(Strategy, "at_step_boundary")
-    assert step_boundary_callback(strategy) is None
+    assert Runtime.around(strategy).step_boundary is None
 
 
 def test_the_loops_never_refer_to_the_ability_itself():

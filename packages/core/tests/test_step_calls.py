@@ -51,7 +51,7 @@ def _set_up(strategy: SingleDeviceStrategy | None = None, **options: Any) -> tup
 def _one_step(strategy: Any, module: _Stepping, optimizer: _CountingOptimizer) -> torch.Tensor:
     calls = step_calls(strategy, "training_step", optimizer)
     batch = calls.batch_to_device(torch.ones(2, 3))
-    loss = calls.training_step(batch, 1)
+    loss = calls.run_step(batch, 1)
     calls.backward(loss)
     calls.optimizer_step(optimizer)
     calls.zero_grad(optimizer)
@@ -115,7 +115,7 @@ def test_forward_hooks_registered_after_the_calls_were_bound_still_run_around_th
     calls = step_calls(strategy, "training_step", optimizer)
     seen: list[int] = []
     module.register_forward_pre_hook(lambda mod, args: seen.append(len(args)))
-    calls.training_step(torch.ones(2, 3), 0)
+    calls.run_step(torch.ones(2, 3), 0)
     assert seen == [2, 1]
     assert "forward" not in module.__dict__
 

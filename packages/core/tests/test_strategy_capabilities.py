@@ -14,14 +14,22 @@ import stratagem.trainer.accumulation as accumulation_module
 import stratagem.trainer.evaluation_loop as evaluation_loop_module
 import stratagem.trainer.fit_loop as fit_loop_module
 import stratagem.trainer.predict_loop as predict_loop_module
+from stratagem.runtime import Runtime
 from stratagem.strategies import (
     BackwardSyncControl,
+    ChecksRunBeforeLaunch,
     FeedsBatchesToDevice,
+    LoopSettings,
     OwnsAccumulation,
     SingleDeviceStrategy,
     Strategy,
 )
-from stratagem.trainer.accumulation import EngineAccumulation, TrainerAccumulation, accumulation_policy
+from stratagem.trainer.accumulation import (
+    AccumulationPolicy,
+    EngineAccumulation,
+    TrainerAccumulation,
+    accumulation_policy,
+)
 
 CAPABILITY_NAMES = {
     "BackwardSyncControl",
@@ -33,6 +41,11 @@ CAPABILITY_NAMES = {
     "no_backward_sync",
     "set_accumulation_boundary",
 }
+
+
+def _policy(strategy: Strategy, accumulate: int, optimizers: list[Any]) -> AccumulationPolicy:
+    """The policy a fit of ``strategy`` gets, stepping optimizers as the fit loop's calls do."""
+    return accumulation_policy(Runtime.around(strategy), accumulate, optimizers, strategy.optimizer_step)
 
 
 def _names_in(tree: ast.AST) -> set[str]:
@@ -103,7 +116,7 @@ class _Engine(SingleDeviceStrategy, OwnsAccumulation):
 
 def test_a_strategy_that_controls_backward_sync_gets_trainer_accumulation_with_its_sync_control():
     strategy = _SyncControlled()
-    policy = accumulation_policy(strategy, 4, [])
+    policy = _policy(strategy, 4, [])
     assert isinstance(policy, TrainerAccumulation)
     with policy.micro_batch(is_boundary=False):
         pass
@@ -115,7 +128,7 @@ def test_a_strategy_that_controls_backward_sync_gets_trainer_accumulation_with_i
 
 def test_without_accumulation_backward_sync_is_never_skipped_and_the_loss_is_unchanged():
     strategy = _SyncControlled()
-    policy = accumulation_policy(strategy, 1, [])
+    policy = _policy(strategy, 1, [])
     with policy.micro_batch(is_boundary=True):
         pass
     assert strategy.skipped == []
@@ -134,7 +147,7 @@ def test_without_accumulation_every_batch_steps_with_its_loss_unscaled_and_no_sy
     training_step = module.training_step
     module.training_step = lambda batch, batch_idx: returned.append(training_step(batch, batch_idx)) or returned[-1]  # type: ignore[method-assign]
     trainer.fit(module, make_loader(num_samples=40, batch_size=8))
-    assert isinstance(accumulation_policy(strategy, 1, []), accumulation_module.StepEveryBatch)
+    assert isinstance(_policy(strategy, 1, []), accumulation_module.StepEveryBatch)
     assert strategy.skipped == []
     assert trainer.global_step == 5
     assert len(scaled) == 5
@@ -143,7 +156,7 @@ def test_without_accumulation_every_batch_steps_with_its_loss_unscaled_and_no_sy
 
 
 def test_a_plain_strategy_accumulates_in_the_trainer_and_syncs_every_micro_batch():
-    policy = accumulation_policy(SingleDeviceStrategy(), 2, [])
+    policy = _policy(SingleDeviceStrategy(), 2, [])
     assert isinstance(policy, TrainerAccumulation)
     with policy.micro_batch(is_boundary=False):
         pass
@@ -153,7 +166,7 @@ def test_a_plain_strategy_accumulates_in_the_trainer_and_syncs_every_micro_batch
 def test_an_engine_is_told_every_boundary_and_stepped_between_boundaries_with_the_loss_unscaled():
     strategy = _Engine()
     optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
-    policy = accumulation_policy(strategy, 2, [optimizer])
+    policy = _policy(strategy, 2, [optimizer])
     assert isinstance(policy, EngineAccumulation)
     with policy.micro_batch(is_boundary=False):
         pass
@@ -263,11 +276,79 @@ def test_every_pass_reads_its_batches_through_a_strategy_that_feeds_them_to_the_
 
 
 def test_the_batch_feed_ability_is_looked_at_only_where_the_feed_is_chosen():
+    import stratagem.runtime.runtime as runtime_module
     import stratagem.trainer.data as data_module
 
-    tree = ast.parse(Path(inspect.getfile(data_module)).read_text())
+    tree = ast.parse(Path(inspect.getfile(runtime_module)).read_text())
     for function in ast.walk(tree):
         if isinstance(function, ast.FunctionDef) and function.name != "batch_feed":
             assert "FeedsBatchesToDevice" not in _names_in(function), function.name
-    for module in (fit_loop_module, evaluation_loop_module, predict_loop_module):
+    for module in (fit_loop_module, evaluation_loop_module, predict_loop_module, data_module):
         assert "FeedsBatchesToDevice" not in _names_in(ast.parse(Path(inspect.getfile(module)).read_text()))
+
+
+# -- Trainer-only members that left Strategy ------------------------------------------------------
+
+
+def test_strategy_keeps_none_of_the_trainer_only_members():
+    for name in (
+        "loop_settings",
+        "connect_loop_settings",
+        "check_run",
+        "check_lr_schedulers",
+        "max_lr_schedulers",
+        "steps_lr_schedulers",
+        "supplies_optimizer",
+        "manual_optimization_unsupported",
+        "checks_steps_on_host",
+    ):
+        assert not hasattr(Strategy, name), name
+
+
+def test_a_plugin_still_declaring_check_run_on_strategy_is_treated_as_checking_runs(tmp_path):
+    with pytest.warns(DeprecationWarning, match="check_run.*ChecksRunBeforeLaunch"):
+
+        class LegacyInferenceOnly(SingleDeviceStrategy):
+            def check_run(self, stage: str) -> None:
+                if stage == "fit":
+                    raise ValueError("legacy: cannot train")
+
+    strategy = LegacyInferenceOnly()
+    assert isinstance(strategy, ChecksRunBeforeLaunch)
+    with pytest.raises(ValueError, match="legacy: cannot train"):
+        quiet_trainer(tmp_path, strategy=strategy).fit(ClassifierModule(), make_loader())
+
+
+def test_a_plugin_still_declaring_checks_steps_on_host_false_gets_no_per_step_loss_reads():
+    with pytest.warns(DeprecationWarning, match="checks_steps_on_host = False.*DefersHostReads"):
+
+        class LegacyLazy(SingleDeviceStrategy):
+            checks_steps_on_host = False
+
+    assert not Runtime.around(LegacyLazy()).reads_steps_on_host
+    assert Runtime.around(SingleDeviceStrategy()).reads_steps_on_host
+
+
+def test_a_plugin_overriding_a_member_that_moved_to_a_mixin_is_refused_naming_the_mixin():
+    with pytest.raises(TypeError, match=r"connect_loop_settings.*stratagem\.strategies\.TakesLoopSettings"):
+
+        class LegacySettings(SingleDeviceStrategy):
+            def connect_loop_settings(self, settings: LoopSettings) -> None:
+                pass
+
+    with pytest.raises(TypeError, match=r"steps_lr_schedulers.*stratagem\.strategies\.StepsLRSchedulers"):
+
+        class LegacySchedulers(SingleDeviceStrategy):
+            steps_lr_schedulers = True
+
+
+def test_a_strategy_declaring_no_trainer_only_ability_is_told_no_loop_settings_and_runs_with_defaults(tmp_path):
+    class Plain(SingleDeviceStrategy):
+        pass
+
+    strategy = Plain()
+    trainer = quiet_trainer(tmp_path, strategy=strategy, max_steps=2, accumulate_grad_batches=2, gradient_clip_val=1.0)
+    trainer.fit(ClassifierModule(), make_loader())
+    assert trainer.global_step == 2
+    assert not hasattr(strategy, "loop_settings")
+    assert trainer.runtime.loop_settings.accumulate_grad_batches == 2

@@ -11,7 +11,7 @@ from torch.utils.data import (
 )
 from trainer_testing import ClassifierModule, make_dataset, make_loader, quiet_trainer
 
-from stratagem.strategies import SingleDeviceStrategy
+from stratagem.strategies import SingleDeviceStrategy, TakesLoopSettings
 from stratagem.trainer.data import as_loader_list, count_batches, with_distributed_sampler
 
 SECOND_OF_TWO = {"num_replicas": 2, "rank": 1}
@@ -184,7 +184,7 @@ def test_samplers_of_the_original_loader_are_untouched(tmp_path):
     assert isinstance(make_loader().sampler, SequentialSampler)
 
 
-class _BatchSizeRecorder(SingleDeviceStrategy):
+class _BatchSizeRecorder(SingleDeviceStrategy, TakesLoopSettings):
     def __init__(self) -> None:
         super().__init__()
         self.at_environment_setup: list[int | None] = []

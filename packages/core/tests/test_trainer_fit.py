@@ -8,7 +8,13 @@ from trainer_testing import ClassifierModule, make_loader, parameters_of, quiet_
 
 import stratagem
 from stratagem.callbacks import Callback
-from stratagem.strategies import BackwardSyncControl, OwnsAccumulation, SingleDeviceStrategy
+from stratagem.strategies import (
+    BackwardSyncControl,
+    ChecksRunBeforeLaunch,
+    OwnsAccumulation,
+    SingleDeviceStrategy,
+    TakesLoopSettings,
+)
 
 
 def test_fit_trains_the_module_and_counts_steps_and_epochs(tmp_path):
@@ -97,7 +103,7 @@ class _CallRecorder(SingleDeviceStrategy):
         super().zero_grad(optimizer)
 
 
-class _RecordingStrategy(_CallRecorder, BackwardSyncControl):
+class _RecordingStrategy(_CallRecorder, BackwardSyncControl, TakesLoopSettings):
     def no_backward_sync(self, enabled: bool) -> Any:
         self.calls.append(f"no_sync={enabled}")
         return contextlib.nullcontext()
@@ -434,7 +440,7 @@ def test_the_loop_drives_the_strategy_in_the_documented_order(tmp_path):
     ]
 
 
-class _InferenceOnlyStrategy(SingleDeviceStrategy):
+class _InferenceOnlyStrategy(SingleDeviceStrategy, ChecksRunBeforeLaunch):
     def __init__(self) -> None:
         super().__init__()
         self.checked: list[str] = []

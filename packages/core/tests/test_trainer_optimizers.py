@@ -103,9 +103,9 @@ def test_reduce_on_plateau_follows_a_validation_metric_during_fit(tmp_path):
 
 
 def test_a_strategy_limiting_schedulers_refuses_more_with_the_limit_named(tmp_path):
-    from stratagem.strategies import SingleDeviceStrategy
+    from stratagem.strategies import SingleDeviceStrategy, TakesLRSchedulers
 
-    class OneScheduler(SingleDeviceStrategy):
+    class OneScheduler(SingleDeviceStrategy, TakesLRSchedulers):
         max_lr_schedulers = 1
 
     class TwoSchedulers(ClassifierModule):
@@ -120,11 +120,9 @@ def test_a_strategy_limiting_schedulers_refuses_more_with_the_limit_named(tmp_pa
 
 
 def test_a_strategy_that_steps_schedulers_itself_gets_none_stepped_by_the_trainer(tmp_path):
-    from stratagem.strategies import SingleDeviceStrategy
+    from stratagem.strategies import SingleDeviceStrategy, StepsLRSchedulers
 
-    class StepsItsOwn(SingleDeviceStrategy):
-        steps_lr_schedulers = True
-
+    class StepsItsOwn(SingleDeviceStrategy, StepsLRSchedulers):
         def check_lr_schedulers(self, schedulers):
             self.handed_over = schedulers
 

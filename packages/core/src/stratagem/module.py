@@ -435,4 +435,4 @@ class Module(nn.Module):
                 f"gradient_clip_algorithm={gradient_clip_algorithm!r} is not valid; expected 'norm' or 'value'."
             )
         target = getattr(optimizer, "optimizer", optimizer)
-        return self.trainer.strategy.clip_gradients(target, gradient_clip_val, gradient_clip_algorithm)
+        return self.trainer.runtime.clip_gradients_as(target, gradient_clip_val, gradient_clip_algorithm)

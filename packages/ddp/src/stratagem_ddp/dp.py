@@ -9,7 +9,7 @@ from torch import nn
 
 from stratagem.environments.cluster_environment import ClusterEnvironment
 from stratagem.launchers import InProcessLauncher, Launcher
-from stratagem.strategies import SingleProcessCollectives, Strategy, StrategyOptions
+from stratagem.strategies import RefusesManualOptimization, SingleProcessCollectives, Strategy, StrategyOptions
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -18,7 +18,7 @@ SUPPORTED_PRECISIONS = ("32-true", "64-true")
 """DataParallel replicates the module per forward; the 16-bit plugins' casts and scalers do not follow it."""
 
 
-class DataParallelStrategy(SingleProcessCollectives, Strategy):
+class DataParallelStrategy(SingleProcessCollectives, Strategy, RefusesManualOptimization):
     """Each batch is split across the GPUs of one process and the replicas' outputs gathered on the first.
 
     Collectives are identities (there is one rank). The training loss the replicas return is

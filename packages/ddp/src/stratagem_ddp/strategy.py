@@ -23,6 +23,7 @@ from stratagem.strategies import (
     ParallelOptions,
     ParallelStrategy,
     PreparesEachBackward,
+    TakesLoopSettings,
     replicated_estimate,
 )
 from stratagem_ddp.comm_hooks import (
@@ -38,7 +39,7 @@ if TYPE_CHECKING:
     from typing_extensions import Unpack
 
 
-class DDPStrategy(ParallelStrategy, BackwardSyncControl, PreparesEachBackward):
+class DDPStrategy(ParallelStrategy, BackwardSyncControl, PreparesEachBackward, TakesLoopSettings):
     """Data-parallel training with one process per device and DDP's bucketed gradient all-reduce.
 
     Options, beyond those of :class:`~stratagem.strategies.ParallelStrategy`:

@@ -33,6 +33,9 @@ from stratagem.strategies import (
     ModelFootprint,
     OwnsAccumulation,
     ParallelStrategy,
+    SuppliesOptimizer,
+    TakesLoopSettings,
+    TakesLRSchedulers,
     check_release_host_memory,
     release_freed_host_memory,
     releases_host_memory,
@@ -73,7 +76,7 @@ if TYPE_CHECKING:
     from deepspeed import DeepSpeedEngine
 
 
-class DeepSpeedStrategy(ParallelStrategy, OwnsAccumulation):
+class DeepSpeedStrategy(ParallelStrategy, OwnsAccumulation, TakesLoopSettings, TakesLRSchedulers, SuppliesOptimizer):
     """Data parallelism through DeepSpeed's engine: ZeRO stage 1 shards optimizer state, stage 2
     also gradients, stage 3 also parameters (built sharded in ``configure_model``); each can
     offload to CPU memory or NVMe.

@@ -47,6 +47,7 @@ from stratagem.strategies import (
     ModelFootprint,
     ParallelStrategy,
     RehearsesSetup,
+    TakesLoopSettings,
     check_release_host_memory,
     host_memory_is_tight,
     release_freed_host_memory,
@@ -91,7 +92,7 @@ from stratagem_fsdp.wrapping import (
 _FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
 
 
-class FSDPStrategy(ParallelStrategy, BackwardSyncControl, RehearsesSetup):
+class FSDPStrategy(ParallelStrategy, BackwardSyncControl, RehearsesSetup, TakesLoopSettings):
     """Shards parameters, gradients and optimizer state over the ranks with PyTorch's ``fully_shard`` (FSDP2).
 
     Runs on CPU (gloo) and CUDA (nccl). Options:

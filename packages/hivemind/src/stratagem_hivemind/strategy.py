@@ -11,7 +11,7 @@ its optimizer, and leaves it in :meth:`teardown`:
   the peers average their gradients and all step (a *collaborative epoch*). With
   ``use_local_updates`` every peer steps alone and the peers average parameters each epoch instead.
 - The learning-rate scheduler steps once per collaborative epoch, not per local step (hivemind steps
-  it, :attr:`steps_lr_schedulers`), so that a peer that joined late has the swarm's learning rate.
+  it, :class:`~stratagem.strategies.StepsLRSchedulers`), so that a peer that joined late has the swarm's learning rate.
 - A peer given ``initial_peers`` downloads the swarm's parameters, optimizer state, scheduler and
   epoch before its first step; the first peer waits for ``min_peers`` before training.
 - A checkpoint is an ordinary one (the module's weights, the torch optimizer's state: any strategy
@@ -32,7 +32,7 @@ from stratagem.accelerators import Accelerator
 from stratagem.checkpoint_io import CheckpointIO, PathLike
 from stratagem.environments import ClusterEnvironment
 from stratagem.precision import Precision
-from stratagem.strategies import LoopSettings, SingleDeviceStrategy
+from stratagem.strategies import LoopSettings, SingleDeviceStrategy, StepsLRSchedulers, TakesLoopSettings
 from stratagem_hivemind.options import INITIAL_PEERS_VARIABLE, SwarmOptions, swarm_options
 from stratagem_hivemind.swarm import Swarm
 
@@ -42,12 +42,11 @@ SWARM_STATE_KEY = "hivemind"
 """The checkpoint entry holding the collaborative epoch; other strategies ignore it."""
 
 
-class HivemindStrategy(SingleDeviceStrategy):
+class HivemindStrategy(SingleDeviceStrategy, TakesLoopSettings, StepsLRSchedulers):
     """One peer of a hivemind swarm training on one device; see the module's docstring and the package README."""
 
     max_optimizers: ClassVar[int | None] = 1
     max_lr_schedulers: ClassVar[int | None] = 1
-    steps_lr_schedulers: ClassVar[bool] = True
 
     def __init__(
         self,

@@ -26,7 +26,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.optim import Optimizer
 
-from stratagem.strategies import ParallelOptions, ParallelStrategy
+from stratagem.strategies import ParallelOptions, ParallelStrategy, TakesLoopSettings
 from stratagem_horovod.environment import HorovodrunEnvironment
 from stratagem_horovod.options import (
     check_compression,
@@ -47,7 +47,7 @@ if TYPE_CHECKING:
     from typing_extensions import Unpack
 
 
-class HorovodStrategy(ParallelStrategy):
+class HorovodStrategy(ParallelStrategy, TakesLoopSettings):
     """Data-parallel training with horovod's ``DistributedOptimizer`` over Gloo.
 
     - ``compression``: ``"none"`` or ``"fp16"`` (gradients cast to fp16 for the all-reduce).

@@ -13,6 +13,7 @@ from torch import nn
 from typing_extensions import Unpack
 
 from stratagem.strategies import (
+    ChecksRunBeforeLaunch,
     ParallelOptions,
     ReduceOp,
     SingleDeviceStrategy,
@@ -35,7 +36,7 @@ from stratagem_hpu.execution import (
 )
 
 
-class HPUStrategy(Strategy, StepBoundaryListener):
+class HPUStrategy(Strategy, StepBoundaryListener, ChecksRunBeforeLaunch):
     """What every Gaudi strategy adds to the strategy it is built on, placed before it in the class's bases.
 
     - ``execution_mode``: ``"lazy"`` (Habana's default) records operations and runs them as one graph at each
@@ -96,7 +97,6 @@ class HPUStrategy(Strategy, StepBoundaryListener):
         return model
 
     def check_run(self, stage: Literal["fit", "validate", "test", "predict"]) -> None:
-        super().check_run(stage)
         if self.hpu_graphs and stage == "fit":
             raise ValueError(
                 "hpu_graphs=True replays a recorded inference graph, which cannot train: use it for validate, "

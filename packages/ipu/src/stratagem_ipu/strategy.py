@@ -39,6 +39,7 @@ from stratagem.strategies import (
     SingleProcessCollectives,
     Strategy,
     StrategyOptions,
+    TakesLoopSettings,
 )
 from stratagem_ipu.accelerator import POPTORCH_MISSING, poptorch_installed
 from stratagem_ipu.precision import SUPPORTED, IPUMixedPrecision
@@ -50,7 +51,7 @@ if TYPE_CHECKING:
 _HOST = torch.device("cpu")
 
 
-class IPUStrategy(SingleProcessCollectives, Strategy, OwnsTrainingStep, RebuildsDataLoaders):
+class IPUStrategy(SingleProcessCollectives, Strategy, OwnsTrainingStep, RebuildsDataLoaders, TakesLoopSettings):
     """Train and evaluate on IPUs with PopTorch.
 
     ``device_iterations``: optimizer steps per host call (default 1, or ``training_opts``'s).

@@ -7,17 +7,16 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
-from stratagem.strategies import FeedsBatchesToDevice, Strategy
+from stratagem.strategies import DefersHostReads, FeedsBatchesToDevice, Strategy
 from stratagem_xla import runtime, stepping
 
 
-class XLAStrategyBase(Strategy, FeedsBatchesToDevice):
+class XLAStrategyBase(Strategy, FeedsBatchesToDevice, DefersHostReads):
     """Available where torch_xla loads; modules built on the CPU (the precision's dtype) and moved to the device
     when set up; batches fed through torch_xla's parallel loader, which ends each step's traced graph;
-    ``debug=True`` prints XLA's metrics report when the run ends."""
-
-    # Reading each step's loss on the host would cut XLA's traced graph and wait for the device every step.
-    checks_steps_on_host = False
+    ``debug=True`` prints XLA's metrics report when the run ends. Step results stay on the device
+    (:class:`~stratagem.strategies.DefersHostReads`): reading each step's loss on the host would cut XLA's traced
+    graph and wait for the device every step."""
 
     debug: bool
 

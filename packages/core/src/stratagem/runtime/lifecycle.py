@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from torch import nn
 from torch.optim import Optimizer
 
+from stratagem.strategies.capabilities import TakesLRSchedulers
 from stratagem.strategies.compilation import CompileSettings, compile_submodules_in_place
 
 if TYPE_CHECKING:
@@ -85,13 +86,14 @@ class StrategyLifecycle:
 
     def setup_optimizers(self, optimizers: list[Optimizer], lr_schedulers: Sequence[Any] = ()) -> list[Optimizer]:
         """Hand the optimizers made for the set-up module to the strategy, then the learning-rate schedulers made for
-        them (``check_lr_schedulers``: a strategy that steps them itself, or joins a swarm with them, does it there;
-        an own loop has made none yet); return the optimizers to step."""
+        them to a strategy that :class:`~stratagem.strategies.TakesLRSchedulers` (one that steps them itself, or joins
+        a swarm with them, does it there; an own loop has made none yet); return the optimizers to step."""
         self._require(_Stage.MODULE_SET_UP, "setup_optimizers")
         if self._stage >= _Stage.OPTIMIZERS_SET_UP:
             raise RuntimeError("setup_optimizers was called twice in one run; pass every optimizer in one call.")
         adopted = self.strategy.setup_optimizers(optimizers)
-        self.strategy.check_lr_schedulers(list(lr_schedulers))
+        if isinstance(self.strategy, TakesLRSchedulers):
+            self.strategy.check_lr_schedulers(list(lr_schedulers))
         self._stage = _Stage.OPTIMIZERS_SET_UP
         return adopted
 

@@ -14,16 +14,27 @@ from torch.utils._pytree import tree_map
 
 from stratagem.checkpoint_io import PathLike
 from stratagem.connector import ResolveOptions, resolve, takes_resolve_options
+from stratagem.precision import Precision
 from stratagem.runtime.checkpoint_state import load_state, saved_state
 from stratagem.runtime.lifecycle import StrategyLifecycle
 from stratagem.runtime.wrappers import RuntimeDataLoader, RuntimeModule, RuntimeOptimizer, unwrapped, wrap_optimizer
 from stratagem.strategies import (
     BackwardSyncControl,
+    DefersHostReads,
+    EngineSteps,
+    FeedsBatchesToDevice,
+    LoaderStage,
+    LoopSettings,
     OwnsAccumulation,
     OwnsTrainingStep,
+    PreparesEachBackward,
     RebuildsDataLoaders,
     ReduceOp,
+    StepBoundary,
     StepBoundaryListener,
+    StepsLRSchedulers,
+    Strategy,
+    TakesLoopSettings,
 )
 from stratagem.strategies.step_calls import StepCalls, batch_to_device_call, step_calls
 
@@ -53,23 +64,27 @@ class Runtime:
     @takes_resolve_options
     def __init__(self, **options: Unpack[ResolveOptions]) -> None:
         resolved = resolve(**options)
-        if isinstance(resolved, OwnsTrainingStep | RebuildsDataLoaders):
-            raise ValueError(
-                f"strategy={options.get('strategy', 'auto')!r} ({type(resolved).__name__}) cannot run in an own loop: "
-                "its engine "
-                + (
-                    "runs whole training steps (forward, backward, optimizer step and accumulation in one call), "
-                    "so there is no backward or step for a loop to call"
-                    if isinstance(resolved, OwnsTrainingStep)
-                    else "reads the data in a form of its own, which only the Trainer builds"
-                )
-                + ". Train it with stratagem.Trainer."
-            )
-        self.strategy = resolved
-        self._lifecycle = StrategyLifecycle(resolved)
+        problem = _own_loop_problem(resolved)
+        if problem is not None:
+            raise ValueError(f"strategy={options.get('strategy', 'auto')!r} ({type(resolved).__name__}) {problem}")
+        self._attach(resolved)
+
+    @classmethod
+    def around(cls, strategy: Strategy) -> Runtime:
+        """A Runtime driving ``strategy`` as :func:`stratagem.resolve` made it, without resolving it again: how the
+        Trainer drives the strategy it resolved. An engine that owns the step is refused by :meth:`setup_module`
+        here rather than at construction, since the Trainer runs it through :meth:`step_calls` and the abilities."""
+        runtime = cls.__new__(cls)
+        runtime._attach(strategy)
+        return runtime
+
+    def _attach(self, strategy: Strategy) -> None:
+        self.strategy = strategy
+        self._lifecycle = StrategyLifecycle(strategy)
         self._model: RuntimeModule | None = None
         self._calls: StepCalls | None = None
         self._skipping_sync = False
+        self._loop_settings = LoopSettings()
 
     # -- where this process is --------------------------------------------------------------------
 
@@ -145,6 +160,9 @@ class Runtime:
         it goes through the strategy and the precision."""
         if isinstance(module, RuntimeModule):
             raise TypeError("setup_module() got a module that Runtime set up already; pass the original module.")
+        problem = _own_loop_problem(self.strategy)
+        if problem is not None:
+            raise ValueError(f"setup_module(): {type(self.strategy).__name__} {problem}")
         if not isinstance(module, nn.Module):
             raise TypeError(f"setup_module() takes an nn.Module; got {type(module).__name__}.")
         model = self._lifecycle.setup_module(module)
@@ -192,7 +210,7 @@ class Runtime:
         The first loader's batch size is what the strategy is told the training batch is (as the Trainer tells
         it): an engine that is built with the optimizers and sized by the batch (DeepSpeed's) needs this call
         before :meth:`setup`, and refuses it after."""
-        from stratagem.trainer.data import batch_feed, check_splittable, with_distributed_sampler
+        from stratagem.trainer.data import check_splittable, with_distributed_sampler
 
         if loaders:
             self._connect_train_batch_size(loaders[0])
@@ -208,14 +226,14 @@ class Runtime:
                 RuntimeDataLoader(
                     split,
                     batch_to_device_call(self.strategy) if move_to_device else None,
-                    batch_feed(self.strategy) if move_to_device else None,
+                    self.batch_feed if move_to_device else None,
                 )
             )
         return prepared[0] if len(prepared) == 1 else tuple(prepared)
 
     def _connect_train_batch_size(self, loader: Iterable[Any]) -> None:
         size = getattr(loader, "batch_size", None)
-        settings = self.strategy.loop_settings
+        settings = self._loop_settings
         if not isinstance(size, int) or settings.train_batch_size is not None:
             return
         if self._lifecycle.optimizers_are_set_up and isinstance(self.strategy, OwnsAccumulation):
@@ -224,7 +242,7 @@ class Runtime:
                 "accumulates and steps itself and was built with the optimizers before it knew the batch size "
                 f"({size}), which it is sized by. Call runtime.setup_dataloaders(...) before runtime.setup(...)."
             )
-        self.strategy.connect_loop_settings(dataclasses.replace(settings, train_batch_size=size))
+        self.connect_loop_settings(dataclasses.replace(settings, train_batch_size=size))
 
     # -- a training step --------------------------------------------------------------------------
 
@@ -300,11 +318,16 @@ class Runtime:
     # -- collectives ------------------------------------------------------------------------------
 
     def all_reduce(self, data: Any, op: ReduceOp = "mean", group: Any = None) -> Any:
-        """Every tensor in ``data`` (a tensor or nested lists, tuples and dicts) reduced over the ranks."""
+        """Every tensor in ``data`` (a tensor or nested lists, tuples and dicts) reduced over the ranks (of
+        ``group``, by default all)."""
+        if isinstance(data, torch.Tensor):
+            return self.strategy.reduce(data, op, group=group)
         return tree_map(lambda value: self.strategy.reduce(value, op, group=group), data)
 
     def all_gather(self, data: Any, sync_grads: bool = False, group: Any = None) -> Any:
         """Every tensor in ``data`` stacked from every rank along a new first dimension."""
+        if isinstance(data, torch.Tensor):
+            return self.strategy.all_gather(data, sync_grads, group=group)
 
         def gather(value: Any) -> Any:
             if not isinstance(value, torch.Tensor):
@@ -321,10 +344,136 @@ class Runtime:
         """Wait until every rank arrives here."""
         self.strategy.barrier(name)
 
+    def reduce_boolean(self, decision: bool, all_ranks: bool = True) -> bool:
+        """Whether ``decision`` holds on every rank (``all_ranks=True``) or on any rank: one answer for all."""
+        return self.strategy.reduce_boolean(decision, all_ranks)
+
+    @property
+    def data_parallel_group(self) -> Any:
+        """The process group of the ranks that see different data (``None``: every rank); what a value computed
+        from each rank's batch is reduced over."""
+        return self.strategy.data_parallel_group
+
     def print(self, *args: Any, **kwargs: Any) -> None:
         """``print`` on global rank 0 only."""
         if self.is_global_zero:
             print(*args, **kwargs)
+
+    # -- for a driver that owns the loop's shape (the Trainer) -------------------------------------
+    # What the methods above do for one step, handed out once per loop in the form the loop calls per batch,
+    # and the abilities a loop must know to order its calls. A driver calls the strategy through nothing else.
+
+    @property
+    def lifecycle(self) -> StrategyLifecycle:
+        """The run's setup and teardown, in the one order both drivers follow."""
+        return self._lifecycle
+
+    @property
+    def precision(self) -> Precision:
+        return self.strategy.precision
+
+    @property
+    def loop_settings(self) -> LoopSettings:
+        """How the loop steps, as last told by :meth:`connect_loop_settings` (the defaults before)."""
+        return self._loop_settings
+
+    def connect_loop_settings(self, settings: LoopSettings) -> None:
+        """Say how the loop steps (accumulation, clipping, the training batch size); told to a strategy that
+        :class:`~stratagem.strategies.TakesLoopSettings`, which may raise ``ValueError`` on a contradiction."""
+        if isinstance(self.strategy, TakesLoopSettings):
+            self.strategy.connect_loop_settings(settings)
+        self._loop_settings = settings
+
+    def step_calls(self, step_name: str, backward_optimizer: Optimizer | None = None) -> StepCalls:
+        """The per-batch calls of a loop that runs ``module.<step_name>`` through the set-up module, backward (with
+        ``backward_optimizer``, the one optimizer when there is one) and the optimizer steps."""
+        return step_calls(self.strategy, step_name, backward_optimizer)
+
+    def clip_gradients_as(
+        self, optimizer: Optimizer, clip_val: float, algorithm: Literal["norm", "value"]
+    ) -> torch.Tensor | None:
+        """:meth:`clip_gradients` with the algorithm named as ``Trainer(gradient_clip_algorithm=...)`` names it."""
+        return self.strategy.clip_gradients(optimizer, clip_val, algorithm)
+
+    @property
+    def step_boundary(self) -> Callable[[StepBoundary], None] | None:
+        """What to call at each step boundary (a :class:`~stratagem.strategies.StepBoundaryListener`'s), or
+        ``None``: the loop then skips the call."""
+        strategy = self.strategy
+        return strategy.at_step_boundary if isinstance(strategy, StepBoundaryListener) else None
+
+    @property
+    def batch_feed(self) -> Callable[[Iterator[Any]], Iterator[Any]]:
+        """How a pass's batches are read: through the strategy's own device loader
+        (:class:`~stratagem.strategies.FeedsBatchesToDevice`), else as the loader yields them."""
+        strategy = self.strategy
+        return strategy.device_batches if isinstance(strategy, FeedsBatchesToDevice) else _as_yielded
+
+    def rebuild_dataloaders(self, loaders: list[Iterable[Any]], stage: LoaderStage) -> list[Iterable[Any]]:
+        """The loaders of a pass as the strategy's engine reads them (:class:`~stratagem.strategies.
+        RebuildsDataLoaders`), else unchanged."""
+        strategy = self.strategy
+        if not isinstance(strategy, RebuildsDataLoaders):
+            return loaders
+        return [strategy.rebuild_dataloader(loader, stage) for loader in loaders]
+
+    @property
+    def gradient_sync_skipper(self) -> Callable[[bool], contextlib.AbstractContextManager[Any]] | None:
+        """The strategy's ``no_backward_sync(enabled)`` where it can skip gradient sync
+        (:class:`~stratagem.strategies.BackwardSyncControl`), else ``None``."""
+        strategy = self.strategy
+        return strategy.no_backward_sync if isinstance(strategy, BackwardSyncControl) else None
+
+    @property
+    def accumulation_boundary(self) -> Callable[[bool], None] | None:
+        """The engine's ``set_accumulation_boundary`` where it accumulates itself
+        (:class:`~stratagem.strategies.OwnsAccumulation`), else ``None``."""
+        strategy = self.strategy
+        return strategy.set_accumulation_boundary if isinstance(strategy, OwnsAccumulation) else None
+
+    @property
+    def engine_training_steps(self) -> tuple[Callable[[Any, int], EngineSteps], int] | None:
+        """``(run_training_steps, optimizer_steps_per_call)`` of an engine that runs whole training steps
+        (:class:`~stratagem.strategies.OwnsTrainingStep`), else ``None``."""
+        strategy = self.strategy
+        if not isinstance(strategy, OwnsTrainingStep):
+            return None
+        return strategy.run_training_steps, strategy.optimizer_steps_per_call
+
+    @property
+    def backward_preparation(self) -> Callable[[Any], None] | None:
+        """What to call before a backward run inside the module's forward (manual optimization):
+        a :class:`~stratagem.strategies.PreparesEachBackward`'s ``prepare_backward``, else ``None``."""
+        strategy = self.strategy
+        return strategy.prepare_backward if isinstance(strategy, PreparesEachBackward) else None
+
+    @property
+    def reads_steps_on_host(self) -> bool:
+        """Whether a loop may read each step's loss on the host (not for a
+        :class:`~stratagem.strategies.DefersHostReads` strategy)."""
+        return not isinstance(self.strategy, DefersHostReads)
+
+    @property
+    def steps_lr_schedulers(self) -> bool:
+        """Whether the strategy steps the learning-rate schedulers it was given
+        (:class:`~stratagem.strategies.StepsLRSchedulers`): a loop then steps none."""
+        return isinstance(self.strategy, StepsLRSchedulers)
+
+    def gather_step_outcome(self, outcome: int) -> list[int]:
+        """Every rank's ``outcome`` of the step it just ran (see ``Strategy.gather_step_outcome``)."""
+        return self.strategy.gather_step_outcome(outcome)
+
+    def reset_peak_memory(self) -> None:
+        """Start counting this device's peak memory from now."""
+        self.strategy.accelerator.reset_peak_memory(self.strategy.root_device)
+
+    def peak_memory_bytes(self) -> int | None:
+        """This device's peak memory since :meth:`reset_peak_memory`, or ``None`` where the accelerator cannot say."""
+        return self.strategy.accelerator.peak_memory_bytes(self.strategy.root_device)
+
+    def module_full_state_dict(self) -> dict[str, Any]:
+        """The set-up module's whole state on CPU on rank 0 (see ``Strategy.module_full_state_dict``)."""
+        return self.strategy.module_full_state_dict()
 
     def _require_calls(self, action: str) -> StepCalls:
         if self._calls is None:
@@ -333,6 +482,24 @@ class Runtime:
 
     def __repr__(self) -> str:
         return f"Runtime({self.strategy!r})"
+
+
+def _own_loop_problem(strategy: Strategy) -> str | None:
+    """Why ``strategy`` cannot be driven step by step by a user's loop, or ``None`` when it can."""
+    if isinstance(strategy, OwnsTrainingStep):
+        reason = (
+            "runs whole training steps (forward, backward, optimizer step and accumulation in one call), so there "
+            "is no backward or step for a loop to call"
+        )
+    elif isinstance(strategy, RebuildsDataLoaders):
+        reason = "reads the data in a form of its own, which only the Trainer builds"
+    else:
+        return None
+    return f"cannot run in an own loop: its engine {reason}. Train it with stratagem.Trainer."
+
+
+def _as_yielded(batches: Iterator[Any]) -> Iterator[Any]:
+    return batches
 
 
 def _rebind(optimizers: tuple[Optimizer, ...], names: dict[int, str], parameters: dict[str, nn.Parameter]) -> None:

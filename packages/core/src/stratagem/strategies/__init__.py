@@ -3,16 +3,24 @@
 from stratagem.strategies.capabilities import (
     BackwardSyncControl,
     ChecksModuleBeforeLaunch,
+    ChecksRunBeforeLaunch,
+    DefersHostReads,
     EngineSteps,
     FeedsBatchesToDevice,
     LoaderStage,
+    LoopSettings,
     OwnsAccumulation,
     OwnsTrainingStep,
     PreparesEachBackward,
     RebuildsDataLoaders,
+    RefusesManualOptimization,
     RehearsesSetup,
     StepBoundary,
     StepBoundaryListener,
+    StepsLRSchedulers,
+    SuppliesOptimizer,
+    TakesLoopSettings,
+    TakesLRSchedulers,
     TakesMeshLayout,
 )
 from stratagem.strategies.compilation import BlockPolicy, CompileSettings
@@ -27,13 +35,15 @@ from stratagem.strategies.memory import LayoutSharding, MemoryEstimate, ModelFoo
 from stratagem.strategies.parallel import ParallelOptions, ParallelStrategy, split_parallel_options
 from stratagem.strategies.single_device import SingleDeviceStrategy
 from stratagem.strategies.single_process import SingleProcessCollectives
-from stratagem.strategies.strategy import LoopSettings, ReduceOp, Strategy, StrategyOptions
+from stratagem.strategies.strategy import ReduceOp, Strategy, StrategyOptions
 
 __all__ = [
     "BackwardSyncControl",
     "BlockPolicy",
     "ChecksModuleBeforeLaunch",
+    "ChecksRunBeforeLaunch",
     "CompileSettings",
+    "DefersHostReads",
     "EngineSteps",
     "FeedsBatchesToDevice",
     "LoaderStage",
@@ -47,14 +57,19 @@ __all__ = [
     "ParallelStrategy",
     "PreparesEachBackward",
     "RebuildsDataLoaders",
+    "RefusesManualOptimization",
     "RehearsesSetup",
     "ReduceOp",
     "SingleDeviceStrategy",
     "SingleProcessCollectives",
     "StepBoundary",
     "StepBoundaryListener",
+    "StepsLRSchedulers",
     "Strategy",
     "StrategyOptions",
+    "SuppliesOptimizer",
+    "TakesLRSchedulers",
+    "TakesLoopSettings",
     "TakesMeshLayout",
     "check_release_host_memory",
     "host_memory_is_tight",

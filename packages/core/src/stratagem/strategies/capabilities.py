@@ -1,9 +1,13 @@
 """Optional abilities of a strategy, each a small interface a strategy opts into by subclassing it.
 
-The Trainer asks ``isinstance(strategy, <ability>)`` once, when a run or a pass starts, and picks the
-code path that fits (see :mod:`stratagem.trainer.accumulation` and ``stratagem.trainer.data.batch_feed``);
-a strategy that lacks an ability is never called for it. All methods here run in every worker, during a
-run, with the process group live.
+The drivers (:class:`stratagem.Runtime`, and the Trainer through it) ask ``isinstance(strategy, <ability>)``
+once, when a run or a pass starts, and pick the code path that fits (see :mod:`stratagem.trainer.accumulation`
+and ``Runtime.batch_feed``); a strategy that lacks an ability is never called for it. Unless an interface says
+otherwise, its methods run in every worker, during a run, with the process group live.
+
+The last group here is what only the Trainer asks about (its loop settings, ``check_run``, the schedulers
+``configure_optimizers`` returns, ...): a strategy that declares none of them works in both drivers with the
+defaults each interface names.
 """
 
 from __future__ import annotations
@@ -203,14 +207,121 @@ class TakesMeshLayout(ABC):
         Raises ``ValueError`` when it conflicts with a layout the strategy was constructed with."""
 
 
+# -- what only the Trainer asks about ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LoopSettings:
+    """What the training loop was asked to do, for strategies that must know it up front
+    (:class:`TakesLoopSettings`)."""
+
+    accumulate_grad_batches: int = 1
+    gradient_clip_val: float | None = None
+    gradient_clip_algorithm: Literal["norm", "value"] = "norm"
+    train_batch_size: int | None = None
+    """The training dataloader's batch size per process, once a run knows it (``None`` before, or when the
+    loader has none, e.g. an iterable of ready-made batches)."""
+    manual_optimization: bool = False
+    """Whether the fitted module runs its own backwards and optimizer steps inside ``training_step``
+    (``automatic_optimization = False``), known once ``fit`` is given the module."""
+
+
+class TakesLoopSettings:
+    """A strategy that must know how the loop steps before it runs (an engine configured with the accumulation,
+    the clipping or the batch size; an option that cannot accumulate).
+
+    The Trainer calls :meth:`connect_loop_settings` at construction and again when a run learns its training batch
+    size or that the module optimizes manually (before any process starts where it can); ``Runtime`` calls it from
+    ``setup_dataloaders`` with the first loader's batch size. Without this ability a strategy is never told, and
+    reads nothing of the loop. :attr:`loop_settings` is the last value told (the defaults before).
+    """
+
+    loop_settings: LoopSettings = LoopSettings()
+
+    def connect_loop_settings(self, settings: LoopSettings) -> None:
+        """Receive the loop settings; raise ``ValueError`` on a contradiction with the strategy's options. An
+        override calls ``super().connect_loop_settings(settings)``, which keeps them as :attr:`loop_settings`."""
+        self.loop_settings = settings
+
+
+class ChecksRunBeforeLaunch(ABC):
+    """A strategy that can do only some of ``fit``/``validate``/``test``/``predict`` (an inference-only option).
+
+    The Trainer calls :meth:`check_run` in the calling process as each of them starts, before any process starts.
+    """
+
+    @abstractmethod
+    def check_run(self, stage: LoaderStage) -> None:
+        """Raise ``ValueError`` naming the option for a ``stage`` run this strategy cannot do."""
+
+
+class TakesLRSchedulers:
+    """A strategy that must see the learning-rate schedulers ``configure_optimizers`` returned: it allows only
+    :attr:`max_lr_schedulers` of them, or hands them to its engine, or refuses some kinds.
+
+    Called after ``setup_optimizers`` in ``fit`` (an own loop makes its schedulers itself and is never asked).
+    Without this ability any number of schedulers is accepted and the Trainer steps them.
+    """
+
+    max_lr_schedulers: ClassVar[int | None] = None
+    """How many learning-rate schedulers :meth:`check_lr_schedulers` accepts; ``None`` means no limit."""
+
+    def check_lr_schedulers(self, schedulers: list[Any]) -> None:
+        """Refuse (``ValueError``) or adopt ``schedulers``; an override calls ``super()``, which checks
+        :attr:`max_lr_schedulers`."""
+        if self.max_lr_schedulers is not None and len(schedulers) > self.max_lr_schedulers:
+            raise ValueError(
+                f"{type(self).__name__} supports at most {self.max_lr_schedulers} learning-rate scheduler(s); "
+                f"configure_optimizers returned {len(schedulers)}."
+            )
+
+
+class StepsLRSchedulers(TakesLRSchedulers):
+    """A strategy that steps the schedulers :meth:`~TakesLRSchedulers.check_lr_schedulers` hands it on a clock of
+    its own (a swarm's collaborative epoch, which no ``interval`` of the Trainer's can express). The Trainer then
+    never steps them, and still saves and restores their state in checkpoints."""
+
+
+class SuppliesOptimizer(ABC):
+    """A strategy that may create the optimizer itself from a backend's config, so that ``configure_optimizers``
+    may be absent or return nothing. Without this ability ``fit`` needs ``configure_optimizers``."""
+
+    @property
+    @abstractmethod
+    def supplies_optimizer(self) -> bool:
+        """True when ``setup_optimizers`` creates the optimizer itself when given none, as configured."""
+
+
+class RefusesManualOptimization(ABC):
+    """A strategy that cannot run a module with ``automatic_optimization = False`` (``training_step`` calling
+    ``manual_backward`` and stepping its optimizers). Refused by the Trainer before any process starts, naming
+    :attr:`manual_optimization_unsupported`. Engines that own backward and the optimizer step
+    (:class:`OwnsAccumulation`, :class:`OwnsTrainingStep`) are refused for that already."""
+
+    manual_optimization_unsupported: ClassVar[str]
+    """Why: a clause that follows "which <Strategy> cannot run: "."""
+
+
+class DefersHostReads(ABC):  # noqa: B024 - declared, nothing to implement
+    """A strategy whose device runs lazily, where reading a value on the host costs what the lazy execution exists
+    to avoid (XLA: a device round trip and a cut graph).
+
+    The fit loop then reads no training step's loss on the host: it checks neither that the loss is finite nor
+    that every rank has one (``Trainer(nonfinite=...)`` is not applied to the loss). Without this ability the loop
+    reads each step's loss once (see ``Strategy.gather_step_outcome``).
+    """
+
+
 def adopt_legacy_capabilities(cls: type) -> None:
-    """Give a strategy class written against stratagem 0.1 the abilities its members declare.
+    """Give a strategy class written against an older stratagem the abilities its members declare.
 
     0.1 declared accumulation by the class attribute ``handles_gradient_accumulation = True`` plus a
     ``set_accumulation_boundary`` override, and gradient-sync control by overriding
-    ``no_backward_sync``. Such a class is registered as :class:`OwnsAccumulation` or
-    :class:`BackwardSyncControl` with a ``DeprecationWarning`` saying what to subclass instead; a class
-    that sets the flag without the method it needs is refused with a ``TypeError``.
+    ``no_backward_sync``; later ones declared ``check_run``, ``supplies_optimizer``,
+    ``manual_optimization_unsupported`` and ``checks_steps_on_host`` on Strategy itself. Such a class is
+    registered as the interface it means with a ``DeprecationWarning`` saying what to subclass instead; a class
+    that sets the flag without the method it needs, or overrides a member that now lives in a mixin it would call
+    ``super()`` through, is refused with a ``TypeError``.
     """
     if cls.__dict__.get("handles_gradient_accumulation") is True and not issubclass(cls, OwnsAccumulation):
         if not callable(getattr(cls, "set_accumulation_boundary", None)):
@@ -225,6 +336,36 @@ def adopt_legacy_capabilities(cls: type) -> None:
     if "no_backward_sync" in cls.__dict__ and not issubclass(cls, BackwardSyncControl):
         BackwardSyncControl.register(cls)
         _warn_legacy(cls, "a no_backward_sync override", "BackwardSyncControl")
+    if "check_run" in cls.__dict__ and not issubclass(cls, ChecksRunBeforeLaunch):
+        ChecksRunBeforeLaunch.register(cls)
+        _warn_legacy(cls, "a check_run override", "ChecksRunBeforeLaunch")
+    if isinstance(cls.__dict__.get("supplies_optimizer"), property) and not issubclass(cls, SuppliesOptimizer):
+        SuppliesOptimizer.register(cls)
+        _warn_legacy(cls, "a supplies_optimizer property", "SuppliesOptimizer")
+    if isinstance(cls.__dict__.get("manual_optimization_unsupported"), str) and not issubclass(
+        cls, RefusesManualOptimization
+    ):
+        RefusesManualOptimization.register(cls)
+        _warn_legacy(cls, "manual_optimization_unsupported", "RefusesManualOptimization")
+    if cls.__dict__.get("checks_steps_on_host") is False and not issubclass(cls, DefersHostReads):
+        DefersHostReads.register(cls)
+        _warn_legacy(cls, "checks_steps_on_host = False", "DefersHostReads")
+    for member, mixin in _MOVED_TO_MIXINS.items():
+        if member in cls.__dict__ and not issubclass(cls, mixin):
+            raise TypeError(
+                f"{cls.__qualname__} defines {member}, which Strategy no longer has: it belongs to "
+                f"stratagem.strategies.{mixin.__name__} now. Subclass it beside Strategy (see "
+                "docs/writing-a-strategy.md)."
+            )
+
+
+_MOVED_TO_MIXINS: dict[str, type] = {
+    "connect_loop_settings": TakesLoopSettings,
+    "check_lr_schedulers": TakesLRSchedulers,
+    "max_lr_schedulers": TakesLRSchedulers,
+    "steps_lr_schedulers": StepsLRSchedulers,
+}
+"""Members that moved from Strategy to an interface a strategy must call ``super()`` through."""
 
 
 def _warn_legacy(cls: type, declared: str, ability: str) -> None:

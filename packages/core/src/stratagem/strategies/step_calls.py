@@ -15,7 +15,7 @@ import functools
 import operator
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch.optim import Optimizer
@@ -32,7 +32,7 @@ class StepCalls:
 
     batch_to_device: Callable[[Any], Any]
     """:meth:`Strategy.batch_to_device`."""
-    training_step: Callable[..., Any]
+    run_step: Callable[..., Any]
     """:meth:`Strategy.run_step` with the step's name bound: called with the step's arguments."""
     backward: Callable[[torch.Tensor], Any]
     """:meth:`Strategy.backward` with the optimizer bound: called with the loss."""
@@ -40,6 +40,8 @@ class StepCalls:
     """:meth:`Strategy.optimizer_step`."""
     zero_grad: Callable[[Optimizer], None]
     """:meth:`Strategy.zero_grad`."""
+    clip_gradients: Callable[[Optimizer, float, Literal["norm", "value"]], torch.Tensor | None]
+    """:meth:`Strategy.clip_gradients`."""
 
 
 def step_calls(strategy: Strategy, step_name: str, backward_optimizer: Optimizer | None) -> StepCalls:
@@ -47,10 +49,11 @@ def step_calls(strategy: Strategy, step_name: str, backward_optimizer: Optimizer
     precision = strategy.precision
     return StepCalls(
         batch_to_device=_batch_to_device(strategy, precision),
-        training_step=_training_step(strategy, precision, step_name),
+        run_step=_run_step(strategy, precision, step_name),
         backward=_backward(strategy, precision, backward_optimizer),
         optimizer_step=_optimizer_step(strategy, precision),
         zero_grad=_zero_grad(strategy),
+        clip_gradients=strategy.clip_gradients,
     )
 
 
@@ -68,7 +71,7 @@ def _batch_to_device(strategy: Strategy, precision: Precision) -> Callable[[Any]
     return strategy.batch_to_device
 
 
-def _training_step(strategy: Strategy, precision: Precision, step_name: str) -> Callable[..., Any]:
+def _run_step(strategy: Strategy, precision: Precision, step_name: str) -> Callable[..., Any]:
     if _inherited(strategy, "run_step", Strategy.run_step) and _inherited(
         precision, "forward_context", Precision.forward_context
     ):

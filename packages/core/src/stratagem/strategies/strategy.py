@@ -6,7 +6,6 @@ import contextlib
 import functools
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypedDict
 
 import torch
@@ -34,21 +33,6 @@ if TYPE_CHECKING:
 ReduceOp = Literal["sum", "mean", "max", "min"]
 
 
-@dataclass(frozen=True)
-class LoopSettings:
-    """What the training loop was asked to do, for strategies that must know it up front."""
-
-    accumulate_grad_batches: int = 1
-    gradient_clip_val: float | None = None
-    gradient_clip_algorithm: Literal["norm", "value"] = "norm"
-    train_batch_size: int | None = None
-    """The training dataloader's batch size per process, once a run knows it (``None`` before, or when the
-    loader has none, e.g. an iterable of ready-made batches)."""
-    manual_optimization: bool = False
-    """Whether the fitted module runs its own backwards and optimizer steps inside ``training_step``
-    (``automatic_optimization = False``), known once ``fit`` is given the module."""
-
-
 class StrategyOptions(TypedDict, total=False):
     """The options every :class:`Strategy` takes (default ``None``: the connector's choice). A subclass may take
     them as ``**strategy_options: Unpack[StrategyOptions]`` rather than re-declaring them."""
@@ -59,42 +43,18 @@ class StrategyOptions(TypedDict, total=False):
 
 
 class Strategy(ABC):
-    """How one training run is distributed. Created by the connector, driven by the Trainer.
+    """How one training run is distributed. Created by the connector, driven by :class:`stratagem.Runtime`
+    (a user's own loop, and the Trainer's).
 
     What differs between backends is declared here as class attributes or answered by a
     method, so that callers never test a strategy's name or type. Optional abilities (skipping
-    gradient sync while accumulating, an engine that owns accumulation) are opt-in interfaces in
+    gradient sync while accumulating, an engine that owns accumulation), and what only the Trainer
+    asks about (its loop settings, the schedulers it was given), are opt-in interfaces in
     :mod:`stratagem.strategies.capabilities`, which a strategy subclasses beside this class.
     """
 
     max_optimizers: ClassVar[int | None] = None
     """How many optimizers :meth:`setup_optimizers` accepts; ``None`` means no limit."""
-
-    max_lr_schedulers: ClassVar[int | None] = None
-    """How many learning-rate schedulers :meth:`check_lr_schedulers` accepts; ``None`` means no limit."""
-
-    checks_steps_on_host: ClassVar[bool] = True
-    """Whether the fit loop may read each training step's loss on the host, to check it is finite and that every
-    rank has one (see :meth:`gather_step_outcome`). False where that read costs the backend what its lazy
-    execution exists to avoid (XLA: a device round trip and a cut graph every step); the loop then checks
-    nothing per step there, and ``Trainer(nonfinite=...)`` is not applied to the loss."""
-
-    steps_lr_schedulers: ClassVar[bool] = False
-    """True when the strategy steps the learning-rate schedulers :meth:`check_lr_schedulers` hands it, on a
-    clock of its own (a swarm's collaborative epoch, which no ``interval`` of the Trainer's can express): the
-    Trainer then never steps them, and still saves and restores their state in checkpoints."""
-
-    manual_optimization_unsupported: ClassVar[str | None] = None
-    """Why this strategy cannot run a module with ``automatic_optimization = False`` (``training_step`` calling
-    ``manual_backward`` and stepping its optimizers), or ``None`` when it can. An engine that owns backward and
-    the optimizer step (:class:`~stratagem.strategies.OwnsAccumulation`,
-    :class:`~stratagem.strategies.OwnsTrainingStep`) is refused for that ability already."""
-
-    @property
-    def supplies_optimizer(self) -> bool:
-        """True when :meth:`setup_optimizers` creates the optimizer itself when given none (e.g. from a
-        backend's config), so that ``configure_optimizers`` may be absent or return nothing."""
-        return False
 
     def __init__(
         self,
@@ -107,7 +67,6 @@ class Strategy(ABC):
         self._checkpoint_io = checkpoint_io
         self._module: nn.Module | None = None
         self._model: nn.Module | None = None
-        self.loop_settings = LoopSettings()
         self._in_run = False
         self._compiled_regions: CompiledRegions | None = None
 
@@ -261,16 +220,6 @@ class Strategy(ABC):
         over; ``None`` when that is every rank. Ranks that split a model (tensor parallelism) share their data."""
         return None
 
-    def connect_loop_settings(self, settings: LoopSettings) -> None:
-        """Receive the Trainer's loop settings: at construction, and again when a run learns its training
-        batch size (before any process starts where it can). Raise ``ValueError`` on a contradiction."""
-        self.loop_settings = settings
-
-    def check_run(self, stage: Literal["fit", "validate", "test", "predict"]) -> None:
-        """Called in the calling process as each ``fit``/``validate``/``test``/``predict`` starts, before any
-        process starts: raise ``ValueError`` for a run this strategy cannot do (an inference-only option with
-        ``fit``), so that it fails before workers are launched."""
-
     # -- ranks ------------------------------------------------------------------------------
 
     @property
@@ -336,15 +285,6 @@ class Strategy(ABC):
         for optimizer in optimizers:
             self.precision.check_optimizer(optimizer)
         return optimizers
-
-    def check_lr_schedulers(self, schedulers: list[Any]) -> None:
-        """Refuse learning-rate schedulers the Trainer cannot step alongside this strategy (called after
-        :meth:`setup_optimizers` with the schedulers ``configure_optimizers`` returned)."""
-        if self.max_lr_schedulers is not None and len(schedulers) > self.max_lr_schedulers:
-            raise ValueError(
-                f"{type(self).__name__} supports at most {self.max_lr_schedulers} learning-rate scheduler(s); "
-                f"configure_optimizers returned {len(schedulers)}."
-            )
 
     def compile_blocks(self) -> BlockPolicy | None:
         """Which submodules :meth:`compile_module` compiles one region each when the user names no blocks, or

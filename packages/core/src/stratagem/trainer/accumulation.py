@@ -1,8 +1,8 @@
 """Who runs a training step and accumulates gradients: the Trainer, or the strategy's engine.
 
-Chosen once per fit by :func:`accumulation_policy`, from the strategy's abilities
-(:mod:`stratagem.strategies.capabilities`); the fit loop then hands every item of the training data
-to the policy without asking the strategy what it can do.
+Chosen once per fit by :func:`accumulation_policy`, from the strategy's abilities as the run's
+:class:`~stratagem.Runtime` hands them out (:mod:`stratagem.strategies.capabilities`); the fit loop then hands
+every item of the training data to the policy without asking what the strategy can do.
 """
 
 from __future__ import annotations
@@ -11,12 +11,15 @@ import contextlib
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 from torch.optim import Optimizer
 
-from stratagem.strategies import BackwardSyncControl, EngineSteps, OwnsAccumulation, OwnsTrainingStep, Strategy
+from stratagem.strategies import EngineSteps
+
+if TYPE_CHECKING:
+    from stratagem.runtime import Runtime
 
 
 class TrainingLoopSteps(Protocol):
@@ -119,13 +122,13 @@ class EngineAccumulation(MicroBatchAccumulation):
 
     def __init__(
         self,
-        strategy: Strategy,
+        optimizer_step: Callable[[Optimizer], Any],
         set_boundary: Callable[[bool], None],
         optimizers: Sequence[Optimizer],
         accumulate: int = 1,
     ) -> None:
         super().__init__(accumulate)
-        self.strategy = strategy
+        self._optimizer_step = optimizer_step
         self._set_boundary = set_boundary
         self.optimizers = list(optimizers)
 
@@ -138,7 +141,7 @@ class EngineAccumulation(MicroBatchAccumulation):
 
     def between_steps(self) -> None:
         for optimizer in self.optimizers:
-            self.strategy.optimizer_step(optimizer)
+            self._optimizer_step(optimizer)
 
 
 class EngineTrainingSteps(AccumulationPolicy):
@@ -171,21 +174,27 @@ class ManualOptimization(AccumulationPolicy):
 
 
 def accumulation_policy(
-    strategy: Strategy, accumulate: int, optimizers: Sequence[Optimizer], automatic_optimization: bool = True
+    runtime: Runtime,
+    accumulate: int,
+    optimizers: Sequence[Optimizer],
+    optimizer_step: Callable[[Optimizer], Any],
+    automatic_optimization: bool = True,
 ) -> AccumulationPolicy:
-    """The one place a strategy's training-step abilities are looked at (for manual optimization, which
-    strategies can run it is :func:`stratagem.trainer.manual_optimization.manual_optimization_problem`)."""
+    """The one place the Trainer picks who runs a training step, from the training-step abilities ``runtime``
+    hands out (for manual optimization, which strategies can run it is
+    :func:`stratagem.trainer.manual_optimization.manual_optimization_problem`). ``optimizer_step`` is the loop's
+    (``StepCalls.optimizer_step``), which an engine that accumulates is stepped with between boundaries."""
     if not automatic_optimization:
         return ManualOptimization()
-    if isinstance(strategy, OwnsTrainingStep):
-        return EngineTrainingSteps(strategy.run_training_steps, strategy.optimizer_steps_per_call)
-    if isinstance(strategy, OwnsAccumulation):
-        return EngineAccumulation(strategy, strategy.set_accumulation_boundary, optimizers, accumulate)
+    engine = runtime.engine_training_steps
+    if engine is not None:
+        return EngineTrainingSteps(*engine)
+    set_boundary = runtime.accumulation_boundary
+    if set_boundary is not None:
+        return EngineAccumulation(optimizer_step, set_boundary, optimizers, accumulate)
     if accumulate == 1:
         return StepEveryBatch()
-    if isinstance(strategy, BackwardSyncControl):
-        return TrainerAccumulation(accumulate, strategy.no_backward_sync)
-    return TrainerAccumulation(accumulate, _always_synced)
+    return TrainerAccumulation(accumulate, runtime.gradient_sync_skipper or _always_synced)
 
 
 def _always_synced(enabled: bool) -> contextlib.AbstractContextManager[Any]:

@@ -22,7 +22,7 @@ import torch
 from stratagem.checkpoint_io import CheckpointError
 
 if TYPE_CHECKING:
-    from stratagem.strategies.strategy import Strategy
+    from stratagem.runtime import Runtime
     from stratagem.trainer.trainer import Trainer
 
 _SHARED_STORAGE_ADVICE = (
@@ -34,13 +34,11 @@ _SHARED_STORAGE_ADVICE = (
 def agree_on_checkpoint(trainer: Trainer, checkpoint: str | None) -> str | None:
     """The checkpoint global rank 0 resolved, once every rank has checked that it can read it; a
     :class:`~stratagem.checkpoint_io.CheckpointError` on every rank, naming the hosts, otherwise."""
-    strategy = trainer.strategy
-    if strategy.world_size == 1:
+    runtime = trainer.runtime
+    if runtime.world_size == 1:
         return checkpoint
-    chosen = strategy.broadcast(checkpoint)
-    reports = gather_reports(
-        strategy, {"own": checkpoint, "problem": _unreadable(chosen) if chosen is not None else ""}
-    )
+    chosen = runtime.broadcast(checkpoint)
+    reports = gather_reports(runtime, {"own": checkpoint, "problem": _unreadable(chosen) if chosen is not None else ""})
     zero = reports[0]
     if chosen is None:
         others = {rank: report for rank, report in enumerate(reports) if report["own"] is not None}
@@ -71,13 +69,13 @@ def check_checkpoint_directories_shared(trainer: Trainer) -> None:
     checkpoints would be incomplete: raise on every rank. Where rank 0 writes alone, warn: its checkpoints
     exist on its node only.
     """
-    strategy = trainer.strategy
-    if strategy.world_size == 1:
+    runtime = trainer.runtime
+    if runtime.world_size == 1:
         return
     directories = sorted({str(callback.dirpath) for callback in trainer.checkpoint_callbacks if callback.dirpath})
     marker = f".stratagem-shared-{uuid.uuid4().hex}"
     written: list[Path] = []
-    if strategy.is_global_zero:
+    if runtime.is_global_zero:
         for directory in directories:
             path = Path(directory, marker)
             try:
@@ -86,18 +84,18 @@ def check_checkpoint_directories_shared(trainer: Trainer) -> None:
                 written.append(path)
             except OSError:
                 continue  # then rank 0 sees no marker there either, and says so below
-    directories, marker = strategy.broadcast((directories, marker))
+    directories, marker = runtime.broadcast((directories, marker))
     if not directories:
         return
     try:
-        strategy.barrier("checkpoint directories shared")
+        runtime.barrier("checkpoint directories shared")
         missing = [directory for directory in directories if not Path(directory, marker).exists()]
-        reports = gather_reports(strategy, {"missing": missing})
+        reports = gather_reports(runtime, {"missing": missing})
     finally:
         for path in written:
             path.unlink(missing_ok=True)
     lacking = {rank: report for rank, report in enumerate(reports) if report["missing"]}
-    mine = set(reports[strategy.global_rank]["missing"])
+    mine = set(reports[runtime.global_rank]["missing"])
     for callback in trainer.checkpoint_callbacks:
         # Where this node does not see the files rank 0 writes, their paths say which host holds them.
         callback.files_host = reports[0]["host"] if str(callback.dirpath) in mine else None
@@ -108,13 +106,13 @@ def check_checkpoint_directories_shared(trainer: Trainer) -> None:
         f"The checkpoint directory {', '.join(map(repr, unseen))} is not one filesystem for every node: "
         f"{_where(0, reports[0])} created a file there that {_by_host(lacking)} cannot see"
     )
-    if strategy.checkpoint_written_by_every_rank:
+    if runtime.strategy.checkpoint_written_by_every_rank:
         raise RuntimeError(
-            f"{what}. {type(strategy).__name__} writes each checkpoint from every rank (each its shards), so every "
-            f"checkpoint would be incomplete. {_SHARED_STORAGE_ADVICE}; or save whole checkpoints from rank 0 "
+            f"{what}. {type(runtime.strategy).__name__} writes each checkpoint from every rank (each its shards), so "
+            f"every checkpoint would be incomplete. {_SHARED_STORAGE_ADVICE}; or save whole checkpoints from rank 0 "
             "(fsdp: state_dict_type='full')."
         )
-    if strategy.is_global_zero:
+    if runtime.is_global_zero:
         warnings.warn(
             f"{what}. Rank 0 writes every checkpoint alone, so they exist on its node only: on the other nodes "
             f"ModelCheckpoint's best_model_path and last_model_path read '{reports[0]['host']}:<path>', naming "
@@ -124,15 +122,15 @@ def check_checkpoint_directories_shared(trainer: Trainer) -> None:
         )
 
 
-def gather_reports(strategy: Strategy, report: dict[str, Any]) -> list[dict[str, Any]]:
+def gather_reports(runtime: Runtime, report: dict[str, Any]) -> list[dict[str, Any]]:
     """``report`` (a JSON-able dict) of every rank, in rank order, each with its ``host`` added."""
     data = json.dumps({**report, "host": socket.gethostname()}).encode()
-    device = strategy.root_device
+    device = runtime.device
     length = torch.tensor([len(data)], dtype=torch.int64, device=device)
-    lengths = strategy.all_gather(length).reshape(-1).tolist()
+    lengths = runtime.all_gather(length).reshape(-1).tolist()
     buffer = torch.zeros(max(lengths), dtype=torch.uint8, device=device)
     buffer[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
-    rows = strategy.all_gather(buffer).reshape(len(lengths), -1).cpu()
+    rows = runtime.all_gather(buffer).reshape(len(lengths), -1).cpu()
     return [json.loads(bytes(row[:size].tolist())) for row, size in zip(rows, lengths)]
 
 

@@ -45,7 +45,7 @@ def build_checkpoint(trainer: Trainer, module: Module) -> dict[str, Any]:
         "loops": {"fit": {**trainer.fit_progress.state_dict(), "epoch_start": trainer.epoch_start_state}},
         "rng": capture_rng_state(),
         "callbacks": {callback.state_key: callback.state_dict() for callback in trainer.callbacks},
-        "precision": trainer.strategy.precision.state_dict(),
+        "precision": trainer.runtime.precision.state_dict(),
         "saved_by": saved_by(trainer),
         "format_version": FORMAT_VERSION,
         "stratagem_version": stratagem_version(),
@@ -87,7 +87,7 @@ def restore_fit(trainer: Trainer, module: Module, path: str, weights_only: bool)
     state: dict[str, Any] = {"module": module}
     if trainer.optimizers:
         state["optimizers"] = list(trainer.optimizers)
-    remaining = trainer.strategy.load_checkpoint(path, state, weights_only=weights_only)
+    remaining = trainer.runtime.load(path, state, weights_only=weights_only)
     check_trainer_entries(remaining, path)
     fit_state = _fit_state(remaining, path)
     schedulers = remaining.get("lr_schedulers", [])
@@ -99,7 +99,7 @@ def restore_fit(trainer: Trainer, module: Module, path: str, weights_only: bool)
     for config, scheduler_state in zip(trainer.lr_scheduler_configs, schedulers):
         config.scheduler.load_state_dict(scheduler_state)
     if "precision" in remaining:
-        trainer.strategy.precision.load_state_dict(remaining["precision"])
+        trainer.runtime.precision.load_state_dict(remaining["precision"])
     callback_states = remaining.get("callbacks", {})
     for callback in trainer.callbacks:
         if callback.state_key in callback_states:
@@ -116,7 +116,7 @@ def restore_fit(trainer: Trainer, module: Module, path: str, weights_only: bool)
 
 def restore_weights(trainer: Trainer, module: Module, path: str, weights_only: bool) -> None:
     """Load only the module's weights (for validate, test and predict)."""
-    remaining = trainer.strategy.load_checkpoint(path, {"module": module}, weights_only=weights_only)
+    remaining = trainer.runtime.load(path, {"module": module}, weights_only=weights_only)
     check_trainer_entries(remaining, path)
     module.on_load_checkpoint(remaining)
     announce_loaded(trainer, path, remaining, "loaded the weights of")

@@ -7,9 +7,9 @@ user's DataLoader is re-created around a DistributedSampler, with every other se
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from itertools import islice
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from torch.utils.data import (
     BatchSampler,
@@ -19,11 +19,6 @@ from torch.utils.data import (
     RandomSampler,
     SequentialSampler,
 )
-
-from stratagem.strategies import FeedsBatchesToDevice
-
-if TYPE_CHECKING:
-    from stratagem.strategies import LoaderStage, Strategy
 
 _KEPT_SETTINGS = (
     "batch_size",
@@ -107,16 +102,6 @@ def with_distributed_sampler(
         ) from None
 
 
-def rebuilt_for_strategy(strategy: Strategy, loaders: list[Iterable[Any]], stage: LoaderStage) -> list[Iterable[Any]]:
-    """The loaders of a pass as the strategy's engine reads them: rebuilt by a strategy that
-    :class:`~stratagem.strategies.RebuildsDataLoaders`, else unchanged. The one place that ability is looked at."""
-    from stratagem.strategies import RebuildsDataLoaders
-
-    if not isinstance(strategy, RebuildsDataLoaders):
-        return loaders
-    return [strategy.rebuild_dataloader(loader, stage) for loader in loaders]
-
-
 def set_epoch(loader: Iterable[Any], epoch: int) -> None:
     """Tell epoch-aware samplers (DistributedSampler) which epoch starts, so shuffling changes per epoch."""
     for owner in (getattr(loader, "sampler", None), getattr(getattr(loader, "batch_sampler", None), "sampler", None)):
@@ -150,19 +135,6 @@ def limited(loader: Iterable[Any], count: int | None) -> Iterator[Any]:
     """Iterate at most ``count`` batches of ``loader`` (all when ``None``)."""
     iterator = iter(loader)
     return iterator if count is None else islice(iterator, count)
-
-
-def batch_feed(strategy: Strategy) -> Callable[[Iterator[Any]], Iterator[Any]]:
-    """How the loops read a pass's batches: through the strategy's own device loader where it has one
-    (:class:`~stratagem.strategies.FeedsBatchesToDevice`), else as the dataloader yields them. The one
-    place that ability is looked at; each loop asks once, before its passes."""
-    if isinstance(strategy, FeedsBatchesToDevice):
-        return strategy.device_batches
-    return _as_yielded
-
-
-def _as_yielded(batches: Iterator[Any]) -> Iterator[Any]:
-    return batches
 
 
 def _needs_sampler(loader: Iterable[Any]) -> bool:

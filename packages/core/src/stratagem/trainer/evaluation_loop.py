@@ -7,9 +7,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
-from stratagem.trainer.data import batch_feed, count_batches, limited
+from stratagem.trainer.data import count_batches, limited
 from stratagem.trainer.rng import isolated_rng
-from stratagem.trainer.step_boundaries import step_boundary_callback
 
 if TYPE_CHECKING:
     from stratagem.module import Module
@@ -34,11 +33,13 @@ def run_evaluation(
     continues the same whether or not evaluation ran. ``max_batches`` caps every dataloader
     (the sanity check).
     """
-    strategy = trainer.strategy
-    at_step_boundary = step_boundary_callback(strategy)
+    runtime = trainer.runtime
+    at_step_boundary = runtime.step_boundary
     metrics = context.metrics
     hooks = context.hooks
     step_name = f"{kind}_step"
+    calls = runtime.step_calls(step_name)
+    to_device, run_step = calls.batch_to_device, calls.run_step
     argument = f"limit_{'val' if kind == 'validation' else 'test'}_batches"
     was_training = module.training
     previous_stage = metrics.stage
@@ -49,7 +50,7 @@ def run_evaluation(
         metrics.stage = "evaluation"
         getattr(module, f"on_{kind}_epoch_start")()
         batch_end_hooks = hooks.overriding(f"on_{kind}_batch_end")
-        feed = batch_feed(strategy)
+        feed = runtime.batch_feed
         several = len(loaders) > 1
         for dataloader_idx, loader in enumerate(loaders):
             metrics.suffix = f"/dataloader_idx_{dataloader_idx}" if several else ""
@@ -58,11 +59,11 @@ def run_evaluation(
                 count = max_batches if count is None else min(count, max_batches)
             for batch_idx, batch in enumerate(feed(limited(loader, count))):
                 metrics.batch = batch
-                batch = strategy.batch_to_device(batch)
+                batch = to_device(batch)
                 arguments = (batch, batch_idx, dataloader_idx) if several else (batch, batch_idx)
                 if at_step_boundary is not None:
                     at_step_boundary("before_evaluation_step")
-                output = strategy.run_step(step_name, *arguments)
+                output = run_step(*arguments)
                 for hook in batch_end_hooks:
                     hook(trainer, module, output, batch, batch_idx, dataloader_idx)
             results.append(metrics.finish_epoch("evaluation"))
@@ -72,7 +73,7 @@ def run_evaluation(
         for result in results:
             result.update(shared)
         metrics.batch = None
-    results = strategy.broadcast(results)
+    results = runtime.broadcast(results)
     merged = {name: value for result in results for name, value in result.items()}
     trainer.last_evaluation_metrics = merged
     if merged and trainer.is_global_zero and not trainer.sanity_checking:

@@ -1,8 +1,9 @@
-"""The training loop: epochs of batches, optimizer steps through the strategy, validation at intervals.
+"""The training loop: epochs of batches, optimizer steps through the run's Runtime, validation at intervals.
 
-The per-batch path is kept short: what can be decided once (which hooks are overridden, who
-accumulates gradients and how, which schedulers step per optimizer step, which strategy methods are
-the base class's and can be called in their direct form) is decided before the loop.
+The loop calls the strategy only through :class:`~stratagem.Runtime` (the object a user's own loop drives), which
+hands out the per-batch calls once. The per-batch path is kept short: what can be decided once (which hooks are
+overridden, who accumulates gradients and how, which schedulers step per optimizer step, which strategy methods
+are the base class's and can be called in their direct form) is decided before the loop.
 """
 
 from __future__ import annotations
@@ -18,15 +19,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from stratagem.module import Module
-from stratagem.strategies.step_calls import step_calls
 from stratagem.trainer.accumulation import accumulation_policy
-from stratagem.trainer.data import batch_feed, count_batches, set_epoch
+from stratagem.trainer.data import count_batches, set_epoch
 from stratagem.trainer.evaluation_loop import run_evaluation
 from stratagem.trainer.manual_optimization import ManualSteps
 from stratagem.trainer.optimizers import step_schedulers
 from stratagem.trainer.progress import Throughput
 from stratagem.trainer.rng import capture_rng_state, loader_generators, restore_rng_state
-from stratagem.trainer.step_boundaries import step_boundary_callback
 from stratagem.trainer.step_checks import StepChecks
 from stratagem.trainer.step_hooks import StepHooks
 
@@ -49,7 +48,8 @@ class FitLoop:
         settings = trainer.settings
         self.trainer = trainer
         self.module = module
-        self.strategy = trainer.strategy
+        runtime = trainer.runtime
+        self.runtime = runtime
         self.settings = settings
         self.progress = trainer.fit_progress
         self.context = context
@@ -61,22 +61,23 @@ class FitLoop:
         self.optimizers = list(trainer.optimizers)
         self.accumulate = settings.accumulate_grad_batches
         self.automatic_optimization = module.automatic_optimization
-        self.accumulation = accumulation_policy(
-            self.strategy, self.accumulate, self.optimizers, self.automatic_optimization
-        )
-        self.at_step_boundary = step_boundary_callback(self.strategy)
-        self.feed = batch_feed(self.strategy)
+        self.at_step_boundary = runtime.step_boundary
+        self.feed = runtime.batch_feed
         self.stop_at_step = settings.max_steps if settings.max_steps != -1 else math.inf
         self.max_seconds = settings.max_time.total_seconds() if settings.max_time is not None else None
         self._train_start = time.perf_counter()
         self.backward_optimizer = self.optimizers[0] if len(self.optimizers) == 1 else None
-        calls = step_calls(self.strategy, "training_step", self.backward_optimizer)
+        calls = runtime.step_calls("training_step", self.backward_optimizer)
         self.to_device = calls.batch_to_device
-        self._training_step = calls.training_step
+        self._training_step = calls.run_step
         self._backward = calls.backward
         self._step_optimizer = calls.optimizer_step
         self._zero_grad = calls.zero_grad
-        self.checks = StepChecks(self.strategy, settings.nonfinite, self.progress, not self.automatic_optimization)
+        self._clip = calls.clip_gradients
+        self.accumulation = accumulation_policy(
+            runtime, self.accumulate, self.optimizers, calls.optimizer_step, self.automatic_optimization
+        )
+        self.checks = StepChecks(runtime, settings.nonfinite, self.progress, not self.automatic_optimization)
         self.step_hooks = StepHooks(context.hooks, trainer, module)
         self._hooks_before_backward = bool(self.step_hooks.before_backward)
         self._hooks_after_backward = bool(self.step_hooks.after_backward)
@@ -84,7 +85,7 @@ class FitLoop:
         self.manual: ManualSteps | None = None
         if not self.automatic_optimization:
             self.manual = ManualSteps(
-                self.strategy,
+                runtime.backward_preparation,
                 self.optimizers,
                 self._backward,
                 self._step_optimizer,
@@ -97,13 +98,13 @@ class FitLoop:
         # Gradients a loss scaler already skips on are left to it (inf while it searches for its scale).
         self._checks_gradient_norm = (
             settings.nonfinite != "ignore"
-            and self.strategy.checks_steps_on_host
-            and not self.strategy.precision.skips_nonfinite_gradients
+            and runtime.reads_steps_on_host
+            and not runtime.precision.skips_nonfinite_gradients
         )
         self._batch_idx = 0
         # A strategy that steps the schedulers itself gets none stepped here, per step or per epoch; neither
         # does a module that optimizes manually (its training_step steps them, as in Lightning).
-        steps_own_schedulers = self.strategy.steps_lr_schedulers or not self.automatic_optimization
+        steps_own_schedulers = runtime.steps_lr_schedulers or not self.automatic_optimization
         self.scheduler_configs = [] if steps_own_schedulers else trainer.lr_scheduler_configs
         self.step_schedulers = [config for config in self.scheduler_configs if config.interval == "step"]
         self.validation_enabled = bool(val_loaders) and settings.limit_val_batches != 0
@@ -140,8 +141,7 @@ class FitLoop:
         hooks.call("on_train_start", trainer, module)
         self._pending_rng = checkpoint_rng
         self.progress.start_next_epoch_if_finished()
-        accelerator, device = self.strategy.accelerator, self.strategy.root_device
-        accelerator.reset_peak_memory(device)
+        self.runtime.reset_peak_memory()
         start_step, start_time = self.progress.global_step, time.perf_counter()
         self._train_start = start_time
         while self.num_batches != 0 and not self._done() and not self._epochs_done():
@@ -158,13 +158,13 @@ class FitLoop:
         hooks.call("on_fit_end", trainer, module)
 
     def _peak_memory_per_rank(self) -> tuple[int | None, ...]:
-        strategy = self.strategy
-        peak = strategy.accelerator.peak_memory_bytes(strategy.root_device)
-        if strategy.world_size == 1:
+        runtime = self.runtime
+        peak = runtime.peak_memory_bytes()
+        if runtime.world_size == 1:
             return (peak,)
         # Every rank ends the loop here together: one exchange per fit.
-        mine = torch.tensor([-1 if peak is None else peak], dtype=torch.int64, device=strategy.root_device)
-        return tuple(None if value < 0 else value for value in strategy.all_gather(mine).flatten().tolist())
+        mine = torch.tensor([-1 if peak is None else peak], dtype=torch.int64, device=runtime.device)
+        return tuple(None if value < 0 else value for value in runtime.all_gather(mine).flatten().tolist())
 
     def _done(self) -> bool:
         return self.trainer.should_stop or self.progress.global_step >= self.stop_at_step
@@ -270,7 +270,7 @@ class FitLoop:
         """Whether some rank has trained ``max_seconds``: one answer for every rank, which must stop together
         (a rank stopping alone would leave the others waiting in their next collective)."""
         elapsed = time.perf_counter() - self._train_start
-        if not self.strategy.reduce_boolean(elapsed >= max_seconds, all_ranks=False):
+        if not self.runtime.reduce_boolean(elapsed >= max_seconds, all_ranks=False):
             return False
         if self.trainer.is_global_zero:
             print(
@@ -420,8 +420,9 @@ class FitLoop:
         """Clip every optimizer's gradients; whether the optimizers may step with them (see
         :meth:`StepChecks.gradient_norm_is_usable`: the norm clipping computed is checked for free)."""
         usable = True
+        clip, algorithm = self._clip, self.settings.gradient_clip_algorithm
         for optimizer in self.optimizers:
-            norm = self.strategy.clip_gradients(optimizer, clip_val, self.settings.gradient_clip_algorithm)
+            norm = clip(optimizer, clip_val, algorithm)
             if self._checks_gradient_norm:
                 usable = self.checks.gradient_norm_is_usable(norm, self._batch_idx) and usable
         return usable

@@ -2,7 +2,8 @@
 steps its own optimizers, as in Lightning.
 
 The fit loop then only calls ``training_step``. ``Module.manual_backward`` and the optimizers
-``Module.optimizers()`` hands out reach the strategy through :class:`ManualSteps`, built once per fit.
+``Module.optimizers()`` hands out reach the strategy through :class:`ManualSteps`, built once per fit from
+the calls the run's :class:`~stratagem.Runtime` hands out.
 Every optimizer step counts towards ``global_step`` (two optimizers stepped per batch advance it by two,
 as in Lightning), and the Trainer steps no learning-rate scheduler: ``training_step`` does.
 """
@@ -15,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.optim import Optimizer
 
-from stratagem.strategies import OwnsAccumulation, OwnsTrainingStep, PreparesEachBackward, Strategy
+from stratagem.strategies import OwnsAccumulation, OwnsTrainingStep, RefusesManualOptimization, Strategy
 
 if TYPE_CHECKING:
     from stratagem.module import Module
@@ -26,7 +27,7 @@ if TYPE_CHECKING:
 
 def manual_optimization_problem(strategy: Strategy) -> str | None:
     """Why ``strategy`` cannot run a module that optimizes manually, or ``None`` when it can."""
-    if strategy.manual_optimization_unsupported is not None:
+    if isinstance(strategy, RefusesManualOptimization):
         return strategy.manual_optimization_unsupported
     if isinstance(strategy, OwnsTrainingStep):
         return "its engine runs whole training steps itself (an OwnsTrainingStep strategy)"
@@ -80,7 +81,7 @@ class ManualSteps:
 
     def __init__(
         self,
-        strategy: Strategy,
+        prepare_backward: Callable[[torch.Tensor], None] | None,
         optimizers: Sequence[Optimizer],
         backward: Callable[[torch.Tensor], Any],
         optimizer_step: Callable[[Optimizer], Any],
@@ -89,7 +90,7 @@ class ManualSteps:
         at_step_boundary: Callable[[StepBoundary], None] | None,
         count_step: Callable[[], None],
     ) -> None:
-        self._prepare = strategy.prepare_backward if isinstance(strategy, PreparesEachBackward) else None
+        self._prepare = prepare_backward
         self._backward = backward
         self._optimizer_step = optimizer_step
         self._hooks = hooks

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 
 if TYPE_CHECKING:
-    from stratagem.strategies import Strategy
+    from stratagem.runtime import Runtime
 
 ReduceFx = Literal["mean", "sum", "max", "min"]
 Stage = Literal["train_step", "train_epoch", "evaluation", "predict"]
@@ -53,16 +53,17 @@ class _EpochAggregate:
         else:
             self.total = torch.minimum(self.total, value)
 
-    def compute(self, strategy: Strategy) -> torch.Tensor:
+    def compute(self, runtime: Runtime) -> torch.Tensor:
         total = self.total
         if self.reduce_fx == "mean":
             weight = torch.tensor(float(self.weight), device=total.device)
             if self.sync_dist:
-                total = strategy.reduce(total, op="sum", group=strategy.data_parallel_group)
-                weight = strategy.reduce(weight, op="sum", group=strategy.data_parallel_group)
+                group = runtime.data_parallel_group
+                total = runtime.all_reduce(total, "sum", group)
+                weight = runtime.all_reduce(weight, "sum", group)
             return total / weight
         if self.sync_dist:
-            return strategy.reduce(total, op=self.reduce_fx, group=strategy.data_parallel_group)
+            return runtime.all_reduce(total, self.reduce_fx, runtime.data_parallel_group)
         return total
 
 
@@ -81,7 +82,8 @@ class LoggedMetrics:
         self.stage: Stage | None = None
         self.suffix = ""
         self.batch: Any = None
-        self.strategy: Strategy | None = None
+        self.runtime: Runtime | None = None
+        """The run's Runtime, through which ``sync_dist`` values are reduced (set by the Trainer in each worker)."""
         # Training and evaluation aggregate separately: a validation pass in the middle of a
         # training epoch must not consume the training epoch's values.
         self._epoch: dict[EpochGroup, dict[str, _EpochAggregate]] = {"train": {}, "evaluation": {}}
@@ -161,7 +163,7 @@ class LoggedMetrics:
         """Turn this epoch's aggregates into ``callback_metrics``; return those meant for loggers."""
         for_logger: dict[str, float] = {}
         for aggregate in self._epoch[group].values():
-            value = aggregate.compute(self._strategy)
+            value = aggregate.compute(self._runtime)
             key = aggregate.key
             self.callback_metrics[key] = value
             if aggregate.prog_bar:
@@ -198,14 +200,15 @@ class LoggedMetrics:
         return {key: value.detach().cpu() for key, value in self.callback_metrics.items()}
 
     @property
-    def _strategy(self) -> Strategy:
-        if self.strategy is None:
-            raise RuntimeError("metrics are not connected to a strategy")
-        return self.strategy
+    def _runtime(self) -> Runtime:
+        if self.runtime is None:
+            raise RuntimeError("metrics are not connected to a run's Runtime")
+        return self.runtime
 
     def _reduce(self, tensor: torch.Tensor, fx: ReduceFx) -> torch.Tensor:
         # Over the ranks that saw different data: tensor-parallel ranks log the same value, which a sum must count once.
-        return self._strategy.reduce(tensor, op=fx, group=self._strategy.data_parallel_group)
+        runtime = self._runtime
+        return runtime.all_reduce(tensor, fx, runtime.data_parallel_group)  # type: ignore[no-any-return]
 
 
 def _as_tensor(value: Any, name: str) -> torch.Tensor:

@@ -7,8 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from stratagem.trainer.data import batch_feed, count_batches, limited
-from stratagem.trainer.step_boundaries import step_boundary_callback
+from stratagem.trainer.data import count_batches, limited
 
 if TYPE_CHECKING:
     from stratagem.module import Module
@@ -21,8 +20,10 @@ def run_prediction(
 ) -> Any:
     """This rank's predictions: a list with one entry per batch, or a list of such lists with several
     dataloaders. With a strategy that splits data, each rank predicts its own share."""
-    strategy = trainer.strategy
-    at_step_boundary = step_boundary_callback(strategy)
+    runtime = trainer.runtime
+    at_step_boundary = runtime.step_boundary
+    calls = runtime.step_calls("predict_step")
+    to_device, run_step = calls.batch_to_device, calls.run_step
     hooks = context.hooks
     module.eval()
     context.metrics.stage = "predict"
@@ -30,18 +31,18 @@ def run_prediction(
     module.on_predict_epoch_start()
     batch_end_hooks = hooks.overriding("on_predict_batch_end")
     several = len(loaders) > 1
-    feed = batch_feed(strategy)
+    feed = runtime.batch_feed
     predictions: list[list[Any]] = []
     with torch.no_grad():
         for dataloader_idx, loader in enumerate(loaders):
             outputs: list[Any] = []
             count = count_batches(loader, limit, "limit_predict_batches")
             for batch_idx, batch in enumerate(feed(limited(loader, count))):
-                batch = strategy.batch_to_device(batch)
+                batch = to_device(batch)
                 arguments = (batch, batch_idx, dataloader_idx) if several else (batch, batch_idx)
                 if at_step_boundary is not None:
                     at_step_boundary("before_evaluation_step")
-                output = strategy.run_step("predict_step", *arguments)
+                output = run_step(*arguments)
                 outputs.append(output)
                 for hook in batch_end_hooks:
                     hook(trainer, module, output, batch, batch_idx, dataloader_idx)

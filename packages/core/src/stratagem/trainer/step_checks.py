@@ -7,7 +7,7 @@ Two faults are caught where they happen instead of turning into a hang or NaN we
 - a loss, or a gradient norm that clipping computed, that is NaN or infinite: the optimizer step would
   write it into the weights, and every checkpoint after it.
 
-What each rank's loss was rides on one exchange per step (:meth:`Strategy.gather_step_outcome`, no
+What each rank's loss was rides on one exchange per step (``Runtime.gather_step_outcome``, no
 collective on one process), so that every rank takes the same decision: raise naming the step, or skip the
 batch everywhere. The gradient norm needs none: clipping computes the whole gradient's, the same on every rank.
 """
@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
-    from stratagem.strategies import Strategy
+    from stratagem.runtime import Runtime
     from stratagem.trainer.progress import FitProgress
     from stratagem.trainer.settings import NonFinite
 
@@ -37,19 +37,20 @@ _OPTION_HINT = (
 class StepChecks:
     """Decides, on every rank alike, whether a training step may go on to backward and the optimizer step."""
 
-    def __init__(self, strategy: Strategy, nonfinite: NonFinite, progress: FitProgress, manual: bool = False) -> None:
+    def __init__(self, runtime: Runtime, nonfinite: NonFinite, progress: FitProgress, manual: bool = False) -> None:
         self.nonfinite = nonfinite
         # Under manual optimization the loss reaches the check from manual_backward, and only "ignore" is another
         # choice ("skip" is refused before such a run).
         self._subject = "manual_backward got" if manual else "training_step returned"
         self._hint = "Trainer(nonfinite='ignore') checks nothing." if manual else _OPTION_HINT
         self.progress = progress
-        self.rank = strategy.global_rank
+        self.rank = runtime.global_rank
         # Decided once: one process has nobody to agree with, and with nonfinite="ignore" nothing is read.
-        self._alone = strategy.world_size == 1
-        self._gather = strategy.gather_step_outcome
-        self._reads_loss = nonfinite != "ignore" and strategy.checks_steps_on_host
-        self.needed = strategy.checks_steps_on_host and (not self._alone or self._reads_loss)
+        self._alone = runtime.world_size == 1
+        self._gather = runtime.gather_step_outcome
+        reads = runtime.reads_steps_on_host
+        self._reads_loss = nonfinite != "ignore" and reads
+        self.needed = reads and (not self._alone or self._reads_loss)
         """False when :attr:`loss_is_usable` would only say whether there is a loss: the loop then does not call it."""
         self.loss_is_usable: Callable[[torch.Tensor | None, int], bool] = (
             self._loss_is_usable_alone if self._alone else self._loss_is_usable_on_every_rank

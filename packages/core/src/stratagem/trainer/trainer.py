@@ -25,8 +25,14 @@ from stratagem.loggers.csv_logger import CSVLogger
 from stratagem.loggers.logger import Logger
 from stratagem.module import Module
 from stratagem.planning.auto import choice_for_workers, choose_strategy
-from stratagem.runtime.lifecycle import StrategyLifecycle
-from stratagem.strategies import ChecksModuleBeforeLaunch, LoopSettings
+from stratagem.runtime.runtime import Runtime
+from stratagem.strategies import (
+    ChecksModuleBeforeLaunch,
+    ChecksRunBeforeLaunch,
+    LoopSettings,
+    Strategy,
+    SuppliesOptimizer,
+)
 from stratagem.strategies.compilation import CompileSettings, parse_compile_option, unwrap_compiled
 from stratagem.trainer.agreement import agree_on_checkpoint, check_checkpoint_directories_shared
 from stratagem.trainer.checkpointing import (
@@ -35,7 +41,7 @@ from stratagem.trainer.checkpointing import (
     restore_fit,
     restore_weights,
 )
-from stratagem.trainer.data import as_loader_list, check_splittable, rebuilt_for_strategy, with_distributed_sampler
+from stratagem.trainer.data import as_loader_list, check_splittable, with_distributed_sampler
 from stratagem.trainer.evaluation_loop import EvaluationKind, run_evaluation
 from stratagem.trainer.fit_loop import FitLoop
 from stratagem.trainer.lightning_hooks import check_lightning_hooks
@@ -59,9 +65,10 @@ class Trainer:
 
     Construction resolves ``accelerator``/``strategy``/``devices``/``num_nodes``/``precision``/
     ``plugins``/``layout`` through :func:`stratagem.resolve` and checks every loop option, so a bad value
-    fails here, before any process starts. The loops only call strategy methods; they never
-    look at which strategy runs. ``precision=None`` means the precision of a strategy instance or
-    precision plugin, else ``"32-true"``.
+    fails here, before any process starts. In every worker the Trainer drives the strategy through
+    :attr:`runtime`, the :class:`~stratagem.Runtime` a user's own loop drives, so the order of the strategy's
+    calls is written once; the loops never look at which strategy runs. ``precision=None`` means the precision
+    of a strategy instance or precision plugin, else ``"32-true"``.
 
     ``max_epochs``/``max_steps``: when to stop (neither given: 1000 epochs; ``-1``: no limit).
     ``limit_*_batches``: how much data a pass reads (an int number of batches or a fraction).
@@ -132,7 +139,8 @@ class Trainer:
         self._auto_request = (
             wiring_options(resolve_options) if resolve_options.get("strategy", "auto") == "auto" else None
         )
-        self.strategy.connect_loop_settings(
+        self._runtime = Runtime.around(self.strategy)
+        self._runtime.connect_loop_settings(
             LoopSettings(
                 accumulate_grad_batches=self.settings.accumulate_grad_batches,
                 gradient_clip_val=self.settings.gradient_clip_val,
@@ -182,6 +190,21 @@ class Trainer:
             return self.strategy.model
         except RuntimeError:
             return None
+
+    @property
+    def runtime(self) -> Runtime:
+        """The :class:`~stratagem.Runtime` around :attr:`strategy` that the loops drive it through (made again,
+        with the loop settings, when the strategy is replaced)."""
+        if self._runtime.strategy is not self.strategy:
+            self._use_strategy(self.strategy)
+        return self._runtime
+
+    def _use_strategy(self, strategy: Strategy) -> None:
+        """Run on ``strategy`` from now on, through a Runtime around it told the loop settings the last one had."""
+        settings = self._runtime.loop_settings
+        self.strategy = strategy
+        self._runtime = Runtime.around(strategy)
+        self._runtime.connect_loop_settings(settings)
 
     @property
     def global_step(self) -> int:
@@ -326,7 +349,7 @@ class Trainer:
         checkpoint = build_checkpoint(self, module)
         module.on_save_checkpoint(checkpoint)
         self._context.hooks.call("on_save_checkpoint", self, module, checkpoint)
-        self.strategy.save_checkpoint(path, checkpoint)
+        self.runtime.save(path, checkpoint)
 
     @contextlib.contextmanager
     def init_module(self, empty_init: bool = False) -> Iterator[None]:
@@ -371,15 +394,16 @@ class Trainer:
         planned, kept = (
             self._plan_strategy(module) if stage == "fit" and self._auto_request is not None else (None, None)
         )
-        self.strategy.check_run(stage)
+        if isinstance(self.strategy, ChecksRunBeforeLaunch):
+            self.strategy.check_run(stage)
         if isinstance(self.strategy, ChecksModuleBeforeLaunch):
             self.strategy.check_module(module, stage)
         if stage == "fit":
             check_manual_optimization(module, self.strategy, self.settings)
             manual = not module.automatic_optimization
-            if manual != self.strategy.loop_settings.manual_optimization:
-                loop_settings = dataclasses.replace(self.strategy.loop_settings, manual_optimization=manual)
-                self.strategy.connect_loop_settings(loop_settings)
+            runtime = self.runtime
+            if manual != runtime.loop_settings.manual_optimization:
+                runtime.connect_loop_settings(dataclasses.replace(runtime.loop_settings, manual_optimization=manual))
             for callback in self.callbacks:
                 if isinstance(callback, ModelSummary):
                     callback.describe(module, self.strategy, kept)
@@ -422,9 +446,7 @@ class Trainer:
         default = auto_strategy_name(self.strategy.world_size, request.get("layout"))
         name, reason = choose_strategy(module, request, default, device=self.strategy.root_device)
         if name != default:
-            settings = self.strategy.loop_settings
-            self.strategy = resolve(strategy=name, **request)
-            self.strategy.connect_loop_settings(settings)
+            self._use_strategy(resolve(strategy=name, **request))
             if reason is not None:
                 print(f"stratagem: {reason}", file=sys.stderr, flush=True)
             return name, None
@@ -442,12 +464,12 @@ class Trainer:
         returns_to_caller: bool,
         compile_settings: CompileSettings | None,
     ) -> WorkerOutput:
-        strategy = self.strategy
-        # The order of the strategy's calls is the lifecycle's, shared with Runtime (a user's own loop).
-        lifecycle = StrategyLifecycle(strategy)
+        runtime = self.runtime
+        # The order of the strategy's calls is the lifecycle's, shared with a user's own loop.
+        lifecycle = runtime.lifecycle
         module._attach_run(self, self._context)
         self._module = module
-        self._context.metrics.strategy = strategy
+        self._context.metrics.runtime = runtime
         self.stage = stage
         self.should_stop = False
         deterministic_before = torch.are_deterministic_algorithms_enabled()
@@ -472,7 +494,8 @@ class Trainer:
                 if len(train) != 1:
                     raise ValueError(f"Trainer.fit() takes one training dataloader; got {len(train)}.")
                 self._connect_train_batch_size(train)
-                setup = configured_optimizers(module, strategy.supplies_optimizer)
+                supplies = isinstance(self.strategy, SuppliesOptimizer) and self.strategy.supplies_optimizer
+                setup = configured_optimizers(module, supplies)
                 schedulers = [config.scheduler for config in setup.schedulers]
                 self.optimizers = lifecycle.setup_optimizers(setup.optimizers, schedulers)
                 self.lr_scheduler_configs = setup.schedulers
@@ -529,8 +552,9 @@ class Trainer:
     def _connect_train_batch_size(self, train: list[Iterable[Any]]) -> None:
         size = getattr(train[0], "batch_size", None) if len(train) == 1 else None
         size = size if isinstance(size, int) else None
-        if size != self.strategy.loop_settings.train_batch_size:
-            self.strategy.connect_loop_settings(dataclasses.replace(self.strategy.loop_settings, train_batch_size=size))
+        runtime = self.runtime
+        if size != runtime.loop_settings.train_batch_size:
+            runtime.connect_loop_settings(dataclasses.replace(runtime.loop_settings, train_batch_size=size))
 
     def _evaluate(self, module: Module, stage: RunStage, loaders: list[Iterable[Any]]) -> list[dict[str, float]]:
         kind: EvaluationKind = "validation" if stage == "validate" else "test"
@@ -558,8 +582,8 @@ class Trainer:
         shuffle = None if stage == "fit" else False
         split = [with_distributed_sampler(loader, sampler_kwargs, seed, shuffle) for loader in loaders]
         if worker_seeding_requested():
-            split = [with_seeded_workers(loader, self.strategy.global_rank) for loader in split]
-        return rebuilt_for_strategy(self.strategy, split, stage)
+            split = [with_seeded_workers(loader, self.runtime.global_rank) for loader in split]
+        return self.runtime.rebuild_dataloaders(split, stage)
 
 
 @torch.no_grad()

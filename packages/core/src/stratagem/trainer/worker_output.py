@@ -53,7 +53,7 @@ class WorkerOutput:
             callback_states={callback.state_key: callback.state_dict() for callback in trainer.callbacks},
             logger_versions=[getattr(logger, "version", None) for logger in trainer.loggers],
             throughput=trainer.throughput,
-            module_state=trainer.strategy.module_full_state_dict(),
+            module_state=trainer.runtime.module_full_state_dict(),
         )
 
     def apply(self, trainer: Trainer, context: RunContext, module: Module) -> None:
