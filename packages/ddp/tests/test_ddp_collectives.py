@@ -48,33 +48,6 @@ def test_reduce_sums_averages_and_takes_extremes_over_ranks(workers):
     assert workers.run(_reductions) == [expected, expected]
 
 
-def _mesh_of_ddp():
-    strategy = _strategy()
-    module = strategy.setup_module(nn.Linear(2, 2))
-    mesh = strategy.device_mesh
-    return {
-        "layout": str(strategy.mesh_layout),
-        "dimensions": mesh.mesh_dim_names,
-        "shape": tuple(mesh.shape),
-        "replicas_group_is_ddps": module.process_group is mesh["dp_replicate"].get_group(),
-        "data_ranks": dist.get_world_size(strategy.data_parallel_group),
-        "sampler": strategy.distributed_sampler_kwargs,
-    }
-
-
-def test_ddp_is_the_dp_replicate_layout_of_core_mesh_for_wrapping_sampling_and_reducing(workers):
-    results = workers.run(_mesh_of_ddp)
-    for rank, result in enumerate(results):
-        assert result == {
-            "layout": "pp=1, dp_replicate=2, dp_shard=1, tp=1",
-            "dimensions": ("pp", "dp_replicate", "dp_shard", "tp"),
-            "shape": (1, 2, 1, 1),
-            "replicas_group_is_ddps": True,
-            "data_ranks": 2,
-            "sampler": {"num_replicas": 2, "rank": rank},
-        }
-
-
 def _gather():
     strategy = _strategy()
     rank = strategy.global_rank
