@@ -12,10 +12,11 @@ blocks of attention and MLP, width 256, 8 heads, sequences of 64 tokens, 8 per d
 
 After a warm-up the two alternate rounds of ``--steps`` steps (who goes first alternates too); the ratio is
 the median of the per-round ratios, printed beside the same ratio of rank 0's CPU time per step (far less
-disturbed by other load). The whole pair runs twice, once with each model built first: the model built
-second ran up to 10% slower in a process, with identical Python calls (the placement of its tensors), so the
-ratio reported is the geometric mean of the two runs' ratios. Numbers taken while other jobs use the CPUs are noisy: compare the ratios from
-one run, not absolute steps/s across runs. Target: model_parallel at least 0.97x the hand loop.
+disturbed by other load). The whole pair runs twice, once with each model built first: the model built second
+ran up to 10% slower in a process, with identical Python calls (the placement of its tensors), so the ratio
+reported is the geometric mean of the two runs' ratios. Numbers taken while other jobs use the CPUs are noisy:
+compare the ratios from one run, not absolute steps/s across runs. Target: model_parallel at least 0.97x the
+hand loop.
 """
 
 from __future__ import annotations
