@@ -3,6 +3,8 @@ strategy is compared with."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -184,17 +186,7 @@ def hand_written_pipeline(schedule_name: str, micro_batches: int, stages_per_ran
     )
     parameters = [parameter for module in modules for parameter in module.parameters()]
     optimizer = torch.optim.AdamW(parameters, lr=LEARNING_RATE)
-    last_holder = (num_stages - 1) % pp
-    losses = []
-    for tokens, targets in global_batches():
-        step_losses: list[torch.Tensor] = []
-        schedule.step(tokens, target=targets, losses=step_losses)
-        optimizer.step()
-        optimizer.zero_grad()
-        loss = torch.stack(step_losses).mean() if step_losses else torch.zeros(())
-        dist.broadcast(loss, src=last_holder)
-        losses.append(loss.item())
-    return losses
+    return _train_through(schedule, optimizer, last_stage_rank=(num_stages - 1) % pp)
 
 
 TP_PLAN = {"layers.*.up": "colwise", "layers.*.down": "rowwise"}
@@ -221,6 +213,11 @@ def hand_written_pipeline_with_tp(schedule_name: str, micro_batches: int, seed: 
         pipeline_stage, n_microbatches=micro_batches, loss_fn=model.pipeline_loss
     )
     optimizer = torch.optim.AdamW(module.parameters(), lr=LEARNING_RATE)
+    return _train_through(schedule, optimizer, last_stage_rank=dist.get_global_rank(pp_group, 1), group=pp_group)
+
+
+def _train_through(schedule: Any, optimizer: torch.optim.Optimizer, last_stage_rank: int, group: Any = None) -> list:
+    """Step ``schedule`` over the global batches; each step's mean loss, sent from the last stage to ``group``."""
     losses = []
     for tokens, targets in global_batches():
         step_losses: list[torch.Tensor] = []
@@ -228,6 +225,6 @@ def hand_written_pipeline_with_tp(schedule_name: str, micro_batches: int, seed: 
         optimizer.step()
         optimizer.zero_grad()
         loss = torch.stack(step_losses).mean() if step_losses else torch.zeros(())
-        dist.broadcast(loss, src=dist.get_global_rank(pp_group, 1), group=pp_group)
+        dist.broadcast(loss, src=last_stage_rank, group=group)
         losses.append(loss.item())
     return losses
