@@ -1,6 +1,7 @@
 """Collectives, DDP wrapping and comm hooks on 2 real gloo ranks, all on one reused pool of workers."""
 
 import gc
+from pathlib import Path
 
 import pytest
 import torch
@@ -46,6 +47,54 @@ def test_reduce_sums_averages_and_takes_extremes_over_ranks(workers):
     expected = {"sum": 3.0, "mean": 1.5, "max": 2.0, "min": 1.0, "integer_mean": 1, "input_untouched": True}
     expected |= {"all_true": True, "all_of_mixed": False, "any_of_mixed": True}
     assert workers.run(_reductions) == [expected, expected]
+
+
+def _mesh_of_ddp():
+    strategy = _strategy()
+    module = strategy.setup_module(nn.Linear(2, 2))
+    mesh = strategy.device_mesh
+    return {
+        "layout": str(strategy.mesh_layout),
+        "dimensions": mesh.mesh_dim_names,
+        "shape": tuple(mesh.shape),
+        "replicas_group_is_ddps": module.process_group is mesh["dp_replicate"].get_group(),
+        "data_ranks": dist.get_world_size(strategy.data_parallel_group),
+        "sampler": strategy.distributed_sampler_kwargs,
+    }
+
+
+def test_ddp_is_the_dp_replicate_layout_of_core_mesh_for_wrapping_sampling_and_reducing(workers):
+    results = workers.run(_mesh_of_ddp)
+    for rank, result in enumerate(results):
+        assert result == {
+            "layout": "pp=1, dp_replicate=2, dp_shard=1, tp=1",
+            "dimensions": ("pp", "dp_replicate", "dp_shard", "tp"),
+            "shape": (1, 2, 1, 1),
+            "replicas_group_is_ddps": True,
+            "data_ranks": 2,
+            "sampler": {"num_replicas": 2, "rank": rank},
+        }
+
+
+def _gloo_threads() -> int:
+    names = [path.read_text().strip() for path in Path("/proc/self/task").glob("*/comm")]
+    return sum(name in ("pt_gloo_runloop", "gloo_tcp_loop") for name in names)
+
+
+def _threads_after_runs(runs):
+    counts = []
+    for _ in range(runs):
+        strategy = _strategy()
+        module = strategy.setup_module(nn.Linear(2, 2))
+        module(torch.ones(1, 2)).sum().backward()
+        counts.append(_gloo_threads())
+    return counts
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="counts threads through /proc")
+def test_runs_in_one_process_reuse_the_mesh_so_gloo_threads_do_not_grow_with_each_run(workers):
+    for counts in workers.run(_threads_after_runs, 12):
+        assert counts[1:] == counts[:1] * 11, counts
 
 
 def _gather():

@@ -80,10 +80,14 @@ def test_only_release_host_memory_true_asks_the_allocator_when_the_environment_i
     for release in (False, None, True):
         strategy = stratagem.resolve(accelerator="cpu", strategy=FSDPStrategy(release_host_memory=release), devices=1)
         monkeypatch.setattr(type(strategy).__mro__[1], "setup_environment", lambda self: None)
-        monkeypatch.setattr(module, "init_device_mesh", lambda *args, **kwargs: pytest.fail("stop after the allocator"))
+        monkeypatch.setattr(module.FSDPStrategy, "_data_parallel_submesh", _stop_after_the_allocator)
         with pytest.raises(pytest.fail.Exception, match="stop after the allocator"):
             strategy.setup_environment()
     assert asked == [True]
+
+
+def _stop_after_the_allocator(strategy: FSDPStrategy) -> None:
+    pytest.fail("stop after the allocator")
 
 
 @pytest.mark.parametrize(("available", "asked"), [(1 << 40, []), (1 << 20, [True])])

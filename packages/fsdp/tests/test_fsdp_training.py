@@ -281,6 +281,44 @@ def test_modules_the_user_sharded_are_not_wrapped_again(workers):
     assert results[0]["other_units"] == ["inp", "out"]
 
 
+def _meshes_of_the_sharding_strategies():
+    seen = {}
+    for sharding_strategy, options in (
+        ("FULL_SHARD", {}),
+        ("NO_SHARD", {"sharding_strategy": "NO_SHARD"}),
+        ("HYBRID_SHARD", {"sharding_strategy": "HYBRID_SHARD", "device_mesh": (2, 1)}),
+    ):
+        strategy = make_strategy(**options)
+        module, _ = build(strategy)
+        mesh = strategy.device_mesh
+        seen[sharding_strategy] = {
+            "layout": str(strategy.mesh_layout),
+            "sharded_over": mesh.mesh_dim_names,
+            "shape": tuple(mesh.shape),
+            "parameters_on_it": all(parameter.device_mesh == mesh for parameter in module.parameters()),
+            "data_ranks": dist.get_world_size(strategy.data_parallel_group),
+            "sampler": strategy.distributed_sampler_kwargs,
+        }
+    return seen
+
+
+def test_each_sharding_strategy_is_a_layout_of_core_mesh_that_shards_sampling_and_reducing_follow(workers):
+    results = workers.run(_meshes_of_the_sharding_strategies)
+    shard_only = {"layout": "pp=1, dp_replicate=1, dp_shard=2, tp=1", "sharded_over": ("dp_shard",), "shape": (2,)}
+    replicas = {
+        "layout": "pp=1, dp_replicate=2, dp_shard=1, tp=1",
+        "sharded_over": ("dp_replicate", "dp_shard"),
+        "shape": (2, 1),
+    }
+    for rank, seen in enumerate(results):
+        common = {"parameters_on_it": True, "data_ranks": 2, "sampler": {"num_replicas": 2, "rank": rank}}
+        assert seen == {
+            "FULL_SHARD": shard_only | common,
+            "NO_SHARD": replicas | common,
+            "HYBRID_SHARD": replicas | common,
+        }
+
+
 def _set_up_twice():
     strategy = make_strategy(auto_wrap_policy={Block})
     module, _ = build(strategy)

@@ -15,8 +15,9 @@ innermost so that the ranks of one tensor-parallel group are neighbours (on one 
 from __future__ import annotations
 
 import math
+import weakref
 from dataclasses import dataclass, field, fields, replace
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
@@ -26,6 +27,9 @@ Degree = int | Literal["auto"]
 
 DATA_PARALLEL = "dp"
 """The name of the flattened data-parallel submesh."""
+
+# The meshes this process built, by device type and shape, with the joined group they were built over.
+_BUILT_MESHES: dict[tuple[str, tuple[int, ...]], tuple[weakref.ref[Any], DeviceMesh, DeviceMesh]] = {}
 
 
 @dataclass(frozen=True)
@@ -105,13 +109,25 @@ class MeshLayout:
     def build(self, device_type: str) -> tuple[DeviceMesh, DeviceMesh]:
         """The layout as a ``DeviceMesh`` over the joined process group, and its flattened ``"dp"`` submesh.
 
-        Every dimension is kept, size 1 too, so that ``mesh["tp"]`` exists whatever the sizes.
+        Every dimension is kept, size 1 too, so that ``mesh["tp"]`` exists whatever the sizes. A process builds
+        each layout once per joined group and reuses it in later runs: every dimension that does not span the
+        world is a process group of its own, and a Gloo group that DDP or FSDP has used keeps its threads even
+        after it is destroyed, so building anew for each run would add threads for as long as the process lives.
         """
+        import torch.distributed as dist
+
+        world = dist.group.WORLD
+        key = (device_type, self.shape)
+        built = _BUILT_MESHES.get(key)
+        if built is not None and built[0]() is world:
+            return built[1], built[2]
         from torch.distributed.device_mesh import init_device_mesh
 
         mesh = init_device_mesh(device_type, self.shape, mesh_dim_names=self.dim_names)
         # Kept, not looked up again as mesh["dp"]: torch deprecates slicing a flattened dimension from the root.
-        return mesh, mesh["dp_replicate", "dp_shard"]._flatten(DATA_PARALLEL)
+        data_parallel = mesh["dp_replicate", "dp_shard"]._flatten(DATA_PARALLEL)
+        _BUILT_MESHES[key] = (weakref.ref(world), mesh, data_parallel)
+        return mesh, data_parallel
 
     def __str__(self) -> str:
         return ", ".join(f"{name}={getattr(self, name)}" for name in self.dim_names)

@@ -13,6 +13,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.optim import Optimizer
 
+from stratagem.mesh import MeshLayout
 from stratagem.strategies import (
     BackwardSyncControl,
     LayoutSharding,
@@ -53,6 +54,9 @@ class DDPStrategy(ParallelStrategy, BackwardSyncControl, PreparesEachBackward, T
       rank) and a ``ddp_comm_wrapper`` (e.g. ``fp16_compress_wrapper``).
     - ``model_averaging_period``: with ``post_localSGD_hook``, average the models every N
       optimizer steps once local SGD starts.
+
+    Its layout of core's mesh (:mod:`stratagem.mesh`) is ``dp_replicate`` over every rank: each worker builds that
+    mesh, which the module reads as ``self.device_mesh``; DDP all-reduces over ``device_mesh["dp_replicate"]``.
 
     Subclasses customise the process group by overriding :meth:`init_dist_connection` and
     the wrapping by overriding :meth:`configure_ddp`.
@@ -103,6 +107,7 @@ class DDPStrategy(ParallelStrategy, BackwardSyncControl, PreparesEachBackward, T
         self.ddp_comm_wrapper = ddp_comm_wrapper
         self.model_averaging_period = model_averaging_period
         self._model_averager: Any = None
+        self._mesh_layout = MeshLayout(dp_replicate=-1, dp_shard=1)
 
     def complete_configuration(self) -> None:
         check_comm_hook_options(
@@ -160,7 +165,14 @@ class DDPStrategy(ParallelStrategy, BackwardSyncControl, PreparesEachBackward, T
         if self.bucket_cap_mb is not None:
             options["bucket_cap_mb"] = self.bucket_cap_mb
         device_ids = [self.root_device.index] if self.root_device.type == "cuda" else None
-        return DistributedDataParallel(module, device_ids=device_ids, **options)
+        process_group = self._replicas_group()
+        return DistributedDataParallel(module, device_ids=device_ids, process_group=process_group, **options)
+
+    def _replicas_group(self) -> Any:
+        """The process group of the mesh's ``"dp_replicate"`` ranks, which hold the copies DDP keeps in step."""
+        mesh = self.device_mesh
+        assert mesh is not None  # DDPStrategy always has a layout: device_mesh raises until it is built
+        return mesh["dp_replicate"].get_group()
 
     def backward(self, loss: torch.Tensor, optimizer: Optimizer | None) -> None:
         try:

@@ -26,7 +26,6 @@ from stratagem_fsdp.tp_plan import (
     check_num_heads,
     check_tp_plan,
 )
-from stratagem_fsdp.wrapping import sharded_root_of
 
 # FSDPStrategy's options that a layout replaces, and what replaces them.
 _LAYOUT_OPTIONS = {"sharding_strategy": "dp_replicate= and dp_shard=", "device_mesh": "dp_replicate= and dp_shard="}
@@ -146,16 +145,14 @@ class ModelParallelStrategy(FSDPStrategy, TakesMeshLayout):
             raise RuntimeError("ModelParallelStrategy is not configured yet; create it with stratagem.resolve().")
         return self._mesh_layout
 
-    def _create_device_mesh(self) -> DeviceMesh:
+    @property
+    def device_mesh(self) -> DeviceMesh:
+        """The layout's whole mesh (``mesh["tp"]``, ``mesh["dp"]``, ...); ``fully_shard`` shards over its data-parallel
+        submesh."""
         mesh = self._layout_mesh
         if mesh is None:
-            raise RuntimeError("ModelParallelStrategy builds its device mesh in setup_environment().")
+            raise RuntimeError(f"{type(self).__name__}.device_mesh exists once setup_environment() ran in the worker.")
         return mesh
-
-    @property
-    def _sharding_mesh(self) -> DeviceMesh:
-        mesh = self.device_mesh
-        return mesh["dp_replicate", "dp_shard"] if int(self._resolved_layout.dp_replicate) > 1 else mesh["dp_shard"]
 
     @contextlib.contextmanager
     def module_init_context(self, empty_init: bool | None = None) -> Iterator[None]:
@@ -166,13 +163,11 @@ class ModelParallelStrategy(FSDPStrategy, TakesMeshLayout):
         with super().module_init_context(empty_init=False):
             yield
 
-    def setup_module(self, module: nn.Module) -> nn.Module:
-        if sharded_root_of(module) is None:
-            if self.tp_plan is not None:
-                apply_tp_plan(module, self.device_mesh["tp"], self.tp_plan)
-            check_heads_split_evenly(module, int(self._resolved_layout.tp))
+    def _split_layers(self, module: nn.Module) -> None:
+        if self.tp_plan is not None:
+            apply_tp_plan(module, self.device_mesh["tp"], self.tp_plan)
+        check_heads_split_evenly(module, int(self._resolved_layout.tp))
         self._agree_on_split_tensors(module)
-        return super().setup_module(module)
 
     def _agree_on_split_tensors(self, module: nn.Module) -> None:
         """Give every data-parallel rank the first one's pieces of layers split in ``configure_model``.

@@ -11,6 +11,7 @@ import torch
 from torch import nn
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
+from stratagem.mesh import MeshLayout
 from stratagem.precision import MixedPrecision, Precision
 
 ShardingStrategyName = Literal["FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD"]
@@ -48,6 +49,12 @@ class ShardingLayout:
     @property
     def mesh_dim_names(self) -> tuple[str, ...]:
         return ("shard",) if len(self.mesh_shape) == 1 else ("replicate", "shard")
+
+    @property
+    def mesh_layout(self) -> MeshLayout:
+        """The same ranks as a layout of core's mesh: ``dp_shard`` only, or ``dp_replicate x dp_shard``."""
+        replicate, shard = self.mesh_shape if len(self.mesh_shape) == 2 else (1, self.mesh_shape[0])
+        return MeshLayout(dp_replicate=replicate, dp_shard=shard)
 
 
 def sharding_strategy_name(value: object) -> ShardingStrategyName:

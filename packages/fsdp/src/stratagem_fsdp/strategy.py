@@ -18,7 +18,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_model_state_dict,
     set_optimizer_state_dict,
 )
-from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy
 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 from torch.distributed.tensor import DTensor
@@ -82,6 +82,7 @@ from stratagem_fsdp.rank_zero_init import RankZeroValues
 from stratagem_fsdp.wrapping import (
     ShardedRoot,
     apply_activation_checkpointing,
+    data_parallel_submesh,
     manual_wrapping,
     refuse_root_parameters_under_manual_optimization,
     shard_module,
@@ -154,6 +155,10 @@ class FSDPStrategy(ParallelStrategy, BackwardSyncControl, RehearsesSetup, TakesL
         self._layout = sharding_layout(
             self.sharding_strategy, self.num_processes * self.num_nodes, self.num_nodes, self._device_mesh_shape
         )
+        if self._mesh_layout is None:
+            # fsdp runs its sharding strategy as a layout of core's mesh (dp_shard, or dp_replicate x dp_shard); a
+            # strategy composing more parallelisms set its own layout at construction.
+            self._mesh_layout = self._layout.mesh_layout
         self._offload_policy = offload_policy(self.cpu_offload, self.accelerator.device_type)
 
     def estimate_memory(self, footprint: ModelFootprint) -> MemoryEstimate:
@@ -239,30 +244,32 @@ class FSDPStrategy(ParallelStrategy, BackwardSyncControl, RehearsesSetup, TakesL
 
     @property
     def device_mesh(self) -> DeviceMesh:
-        """The mesh parameters are sharded over; available from :meth:`setup_environment` on.
+        """The submesh of the run's layout mesh that parameters are sharded over (``"dp_shard"``, or
+        ``("dp_replicate", "dp_shard")`` for hybrid sharding); available from :meth:`setup_environment` on.
 
         For modules sharded by hand in ``configure_model``: ``fully_shard(block, mesh=strategy.device_mesh)``.
         """
-        if self._device_mesh is None:
-            raise RuntimeError("FSDPStrategy.device_mesh exists once setup_environment() has run in the worker.")
-        return self._device_mesh
+        return self._sharding_mesh
 
     def setup_environment(self) -> None:
         super().setup_environment()
         if self._release_host_memory:
             release_freed_host_memory()
-        self._device_mesh = self._create_device_mesh()
+        self._device_mesh = self._data_parallel_submesh()
         self._make_grad_scaler_shard_aware()
 
-    def _create_device_mesh(self) -> DeviceMesh:
-        """The mesh :attr:`device_mesh` names; a strategy composing more parallelisms builds a larger one."""
-        layout = self._configured_layout
-        return init_device_mesh(self.root_device.type, layout.mesh_shape, mesh_dim_names=layout.mesh_dim_names)
+    def _data_parallel_submesh(self) -> DeviceMesh:
+        mesh = self._layout_mesh
+        if mesh is None:
+            raise RuntimeError(f"{type(self).__name__} builds its layout's mesh in setup_environment().")
+        return data_parallel_submesh(mesh)
 
     @property
     def _sharding_mesh(self) -> DeviceMesh:
-        """The (sub)mesh ``fully_shard`` shards over: one dimension, or ``(replicate, shard)`` for hybrid sharding."""
-        return self.device_mesh
+        """The submesh ``fully_shard`` shards over (:func:`~stratagem_fsdp.wrapping.data_parallel_submesh`)."""
+        if self._device_mesh is None:
+            raise RuntimeError(f"{type(self).__name__}.device_mesh exists once setup_environment() ran in the worker.")
+        return self._device_mesh
 
     def _make_grad_scaler_shard_aware(self) -> None:
         """Swap the precision's gradient scaler (``"16-mixed"``) for one that agrees on overflow across ranks.
@@ -304,14 +311,15 @@ class FSDPStrategy(ParallelStrategy, BackwardSyncControl, RehearsesSetup, TakesL
             # Set up before in this process (fit, then test): its parameters are already shards.
             self._module, self._model = module, root
             return root
+        # The parallelisms in torchtitan's order, each over its submesh: tensor parallelism (model_parallel's),
+        # then activation checkpointing and fully_shard over the data-parallel ranks (_shard_data_parallel).
+        self._split_layers(module)
         module = self.precision.convert_module(module)
         if self._release_host_memory is None and not self._host_memory_tight:
             # Before sharding: the shards and the step's temporaries are what the allocator would keep.
             estimate = fsdp_estimate(built_footprint(module), self._configured_layout, self._auto_wrap, False)
             if self._releases_for(estimate):
                 self._host_memory_tight = release_freed_host_memory()
-        if self._activation_checkpointing is not None:
-            apply_activation_checkpointing(module, self._activation_checkpointing)
         unit_kwargs, root_kwargs = self._fully_shard_arguments(
             reshard_after_forward=self._configured_layout.reshard_after_forward,
             mp_policy=mixed_precision_policy(self.mixed_precision, self.precision),
@@ -323,9 +331,7 @@ class FSDPStrategy(ParallelStrategy, BackwardSyncControl, RehearsesSetup, TakesL
         manual = self.loop_settings.manual_optimization
         if manual:
             refuse_root_parameters_under_manual_optimization(module)
-        # Under manual optimization training_step runs its backwards inside the root's forward, where the root's
-        # gathered parameters would get no reduce-scatter: every child with parameters is then a unit of its own.
-        root = shard_module(module, self._auto_wrap, self._sharding_mesh, unit_kwargs, root_kwargs, manual)
+        root = self._shard_data_parallel(module, self._sharding_mesh, unit_kwargs, root_kwargs, manual)
         if has_meta_tensors(root):
             offloaded = isinstance(self._configured_offload_policy, CPUOffloadPolicy)
             allocate(root, torch.device("cpu") if offloaded else self.root_device, self.root_device)
@@ -333,6 +339,28 @@ class FSDPStrategy(ParallelStrategy, BackwardSyncControl, RehearsesSetup, TakesL
         refuse_meta_attributes(root)
         self._module, self._model = module, root
         return root
+
+    def _split_layers(self, module: nn.Module) -> None:
+        """Tensor parallelism, the first of the parallelisms ``setup_module`` applies; fsdp splits no layer."""
+
+    def _shard_data_parallel(
+        self,
+        module: nn.Module,
+        mesh: DeviceMesh,
+        unit_kwargs: dict[str, Any],
+        root_kwargs: dict[str, Any],
+        children_are_units: bool = False,
+    ) -> ShardedRoot:
+        """Activation checkpointing, then ``fully_shard`` over ``mesh`` per unit and at the root: the steps that
+        decide the shards, which a run (``setup_module``) and a rehearsal (``rehearse_setup``) both take.
+
+        ``children_are_units`` under manual optimization: ``training_step`` then runs its backwards inside the
+        root's forward, where the root's gathered parameters would get no reduce-scatter, so every child holding
+        parameters becomes a unit of its own.
+        """
+        if self._activation_checkpointing is not None:
+            apply_activation_checkpointing(module, self._activation_checkpointing)
+        return shard_module(module, self._auto_wrap, mesh, unit_kwargs, root_kwargs, children_are_units)
 
     def _fully_shard_arguments(self, **unit: Any) -> tuple[dict[str, Any], dict[str, Any]]:
         """``fully_shard``'s keyword arguments for each unit and for the root: ``unit`` and the user's own."""
@@ -348,14 +376,10 @@ class FSDPStrategy(ParallelStrategy, BackwardSyncControl, RehearsesSetup, TakesL
     def rehearse_setup(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
         # setup_module's steps that decide the shards, on the rehearsal's mesh; the precision's casts and the
         # offload policy move tensors, and rank 0's values exist only in a run, so they are left out.
-        if self._activation_checkpointing is not None:
-            apply_activation_checkpointing(module, self._activation_checkpointing)
-        replicas = device_mesh["dp_replicate"].size()
-        mesh = device_mesh["dp_replicate", "dp_shard"] if replicas > 1 else device_mesh["dp_shard"]
         unit_kwargs, root_kwargs = self._fully_shard_arguments(
             reshard_after_forward=self.sharding_strategy != "SHARD_GRAD_OP"
         )
-        return shard_module(module, self._auto_wrap, mesh, unit_kwargs, root_kwargs)
+        return self._shard_data_parallel(module, data_parallel_submesh(device_mesh), unit_kwargs, root_kwargs)
 
     def compile_blocks(self) -> BlockPolicy | None:
         # The FSDP units are the blocks: each compiled region then runs between its unit's gather and free.

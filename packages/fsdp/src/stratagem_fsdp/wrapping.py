@@ -11,6 +11,7 @@ from torch import nn
 from torch.distributed._composable import checkpoint
 from torch.distributed._composable.contract import _get_registry
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.distributed.fsdp.wrap import enable_wrap
 
@@ -90,6 +91,13 @@ def apply_activation_checkpointing(module: nn.Module, selector: ModuleSelector) 
         return
     for submodule in _outermost(module, lambda sub: selector(sub, _numel(sub))):
         checkpoint(submodule)
+
+
+def data_parallel_submesh(mesh: DeviceMesh) -> DeviceMesh:
+    """The submesh of a layout's whole mesh (:mod:`stratagem.mesh`) that ``fully_shard`` shards over: ``"dp_shard"``,
+    or ``("dp_replicate", "dp_shard")`` when there are replicas (HSDP: shards within a group, gradients all-reduced
+    between groups)."""
+    return mesh["dp_replicate", "dp_shard"] if mesh["dp_replicate"].size() > 1 else mesh["dp_shard"]
 
 
 def shard_module(
