@@ -1,7 +1,7 @@
 """Own-loop overhead: stratagem.Runtime against the same hand-written loop in raw PyTorch (single_device, ddp, fsdp).
 
     python tools/bench/run.py own_loop [--strategies single_device,ddp,fsdp] [--workload mlp|wide|all]
-                                       [--rounds 5] [--json out.json]
+                                       [--rounds 6] [--json out.json]
 
 Each contender trains the same model on the same data with the same optimizer (Adam), batch size per process
 as the workload says:
@@ -13,11 +13,12 @@ as the workload says:
   ``runtime.backward``), with ``stratagem.Runtime(strategy=...)``.
 
 The two strategies with two ranks run in one pair of worker processes joined in a gloo group (the ranks torchrun
-would start), single_device in one of them; rounds alternate the order of the contenders after a warm-up round
-that is not counted. Steps/s are measured over the training loop on rank 0 (first batch to last optimizer step),
-by the wall clock and by that process's CPU time; the ratio is the median over rounds of runtime/raw within a
-round. Target: ``runtime`` at least 0.99x raw. Numbers on a machine shared with other jobs are noisy: compare
-ratios from one run, and the CPU-time ratio beside the wall-clock one.
+would start), single_device in one of them. In each round both contenders are built in one launched process and
+then trained in alternating chunks of 25 steps (after one uncounted warm-up chunk each), so that a busy moment of a
+shared machine lands on both alike; rounds alternate which one is built first. Steps/s are summed over each
+contender's chunks on rank 0, by the wall clock and by that process's CPU time; the ratio is the median over
+rounds of runtime/raw within a round. Target: ``runtime`` at least 0.99x raw. Compare ratios from one run, and
+the CPU-time ratio beside the wall-clock one.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ from torch.utils.data.distributed import DistributedSampler  # noqa: E402
 from stratagem.environments.local import find_free_port  # noqa: E402
 
 TARGET = 0.99
+CHUNK_STEPS = 25
 
 
 @dataclass(frozen=True)
@@ -78,19 +80,32 @@ def _data(workload: Workload, world_size: int) -> TensorDataset:
     return TensorDataset(features, (features[:, 0] > 0).long())
 
 
-def _timed_loop(model: Any, optimizer: Any, loader: Any, backward: Any) -> tuple[float, float]:
-    wall, cpu = time.perf_counter(), time.process_time()
-    steps = 0
-    for features, labels in loader:
-        loss = functional.cross_entropy(model(features), labels)
-        backward(loss)
-        optimizer.step()
-        optimizer.zero_grad()
-        steps += 1
-    return steps / (time.perf_counter() - wall), steps / (time.process_time() - cpu)
+class _Contender:
+    """One side of the pair: its model, optimizer and backward, fed from its own loader, timed over its chunks."""
+
+    def __init__(self, model: Any, optimizer: Any, loader: Any, backward: Any) -> None:
+        self.model, self.optimizer, self.loader, self.backward = model, optimizer, loader, backward
+        self._batches = iter(loader)
+        self.steps, self.wall, self.cpu = 0, 0.0, 0.0
+
+    def run(self, steps: int) -> None:
+        wall, cpu = time.perf_counter(), time.process_time()
+        for _ in range(steps):
+            batch = next(self._batches, None)
+            if batch is None:
+                self._batches = iter(self.loader)
+                batch = next(self._batches)
+            features, labels = batch
+            loss = functional.cross_entropy(self.model(features), labels)
+            self.backward(loss)
+            self.optimizer.step()
+            self.optimizer.zero_grad()
+        self.wall += time.perf_counter() - wall
+        self.cpu += time.process_time() - cpu
+        self.steps += steps
 
 
-def _raw(strategy: str, workload: Workload) -> tuple[float, float]:
+def _raw(strategy: str, workload: Workload) -> _Contender:
     torch.manual_seed(0)
     model = _model(workload)
     data = _data(workload, 1 if strategy == "single_device" else dist.get_world_size())
@@ -108,54 +123,74 @@ def _raw(strategy: str, workload: Workload) -> tuple[float, float]:
                 fully_shard(layer)
         fully_shard(model, reshard_after_forward=False)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
-    return _timed_loop(model, optimizer, loader, torch.Tensor.backward)
+    return _Contender(model, optimizer, loader, torch.Tensor.backward)
 
 
-def _runtime_loop(runtime: Any, workload: Workload) -> tuple[float, float]:
+def _converted(runtime: Any, workload: Workload) -> _Contender:
     torch.manual_seed(0)
     loader = runtime.setup_dataloaders(DataLoader(_data(workload, runtime.world_size), batch_size=workload.batch_size))
     model = _model(workload)
     model, optimizer = runtime.setup(model, torch.optim.Adam(model.parameters(), lr=1e-3))
-    return _timed_loop(model, optimizer, loader, runtime.backward)
+    return _Contender(model, optimizer, loader, runtime.backward)
 
 
-def _runtime(strategy: str, workload: Workload) -> tuple[float, float]:
-    import stratagem
-
-    options: dict[str, Any] = {"accelerator": "cpu", "devices": 1 if strategy == "single_device" else 2}
-    if strategy == "fsdp":
-        from stratagem_fsdp import FSDPStrategy
-
-        # The raw loop's units: each Linear its own.
-        options["strategy"] = FSDPStrategy(auto_wrap_policy={nn.Linear})
+def _round(runtime: Any, strategy: str, workload: Workload, runtime_first: bool) -> dict[str, tuple[float, float]]:
+    """One round inside the runtime's launch: both contenders built (in the order given), then trained in
+    alternating chunks so that both see the same moments of a shared machine."""
+    if runtime_first:
+        converted = _converted(runtime, workload)
+        raw = _raw(strategy, workload)
     else:
-        options["strategy"] = strategy
-    return stratagem.Runtime(**options).launch(_runtime_loop, workload)
+        raw = _raw(strategy, workload)
+        converted = _converted(runtime, workload)
+    contenders = {"raw": raw, "runtime": converted}
+    for name in contenders:  # warm-up, not counted
+        contenders[name].run(CHUNK_STEPS)
+        contenders[name].steps, contenders[name].wall, contenders[name].cpu = 0, 0.0, 0.0
+    for chunk in range(workload.steps // CHUNK_STEPS):
+        for name in ("raw", "runtime") if chunk % 2 == 0 else ("runtime", "raw"):
+            contenders[name].run(CHUNK_STEPS)
+    return {name: (own.steps / own.wall, own.steps / own.cpu) for name, own in contenders.items()}
+
+
+def _strategy_instance(strategy: str) -> Any:
+    if strategy != "fsdp":
+        return strategy
+    from stratagem_fsdp import FSDPStrategy
+
+    # The raw loop's units: each Linear its own.
+    return FSDPStrategy(auto_wrap_policy={nn.Linear})
 
 
 def _measure(strategy: str, workload: Workload, rounds: int) -> dict[str, Any] | None:
-    """Run in both worker processes; rank 0 returns the result. single_device runs on rank 0 while rank 1 waits."""
-    samples: dict[str, list[tuple[float, float]]] = {"raw": [], "runtime": []}
-    runs_here = strategy != "single_device" or dist.get_rank() == 0
-    for round_index in range(rounds + 1):
-        order = ["raw", "runtime"] if round_index % 2 == 0 else ["runtime", "raw"]
-        for name in order:
-            if runs_here:
-                rates = (_raw if name == "raw" else _runtime)(strategy, workload)
-                if round_index > 0:  # the first round warms up
-                    samples[name].append(rates)
+    """Run in both worker processes; rank 0 returns the result. single_device runs on rank 0 while rank 1 waits.
+
+    Each round is one launch of a fresh ``Runtime``; rounds alternate which contender is built first, since the
+    model a process builds second has run measurably slower matrix multiplies here (tools/bench/model_parallel.py).
+    """
+    import stratagem
+
+    samples: list[dict[str, tuple[float, float]]] = []
+    if strategy != "single_device" or dist.get_rank() == 0:
+        for index in range(rounds):
+            runtime = stratagem.Runtime(
+                accelerator="cpu",
+                devices=1 if strategy == "single_device" else 2,
+                strategy=_strategy_instance(strategy),
+            )
+            samples.append(runtime.launch(_round, strategy, workload, runtime_first=index % 2 == 1))
     dist.barrier()
     if dist.get_rank() != 0:
         return None
 
     def ratio(index: int) -> float:
-        return statistics.median(own[index] / raw[index] for own, raw in zip(samples["runtime"], samples["raw"]))
+        return statistics.median(sample["runtime"][index] / sample["raw"][index] for sample in samples)
 
     return {
         "strategy": strategy,
         "workload": workload.name,
-        "raw_steps_per_second": statistics.median(sample[0] for sample in samples["raw"]),
-        "runtime_steps_per_second": statistics.median(sample[0] for sample in samples["runtime"]),
+        "raw_steps_per_second": statistics.median(sample["raw"][0] for sample in samples),
+        "runtime_steps_per_second": statistics.median(sample["runtime"][0] for sample in samples),
         "ratio": ratio(0),
         "cpu_ratio": ratio(1),
     }
@@ -187,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python tools/bench/run.py own_loop", description=__doc__.splitlines()[0])
     parser.add_argument("--strategies", default="single_device,ddp,fsdp")
     parser.add_argument("--workload", default="all", choices=[*WORKLOADS, "all"])
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     strategies = [name for name in args.strategies.split(",") if name]

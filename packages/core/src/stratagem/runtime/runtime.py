@@ -85,6 +85,11 @@ class Runtime:
         self._calls: StepCalls | None = None
         self._skipping_sync = False
         self._loop_settings = LoopSettings()
+        # A strategy's capabilities are its class's: decided once here, not on every step.
+        self._accumulation_boundary = (
+            strategy.set_accumulation_boundary if isinstance(strategy, OwnsAccumulation) else None
+        )
+        self._step_boundary = strategy.at_step_boundary if isinstance(strategy, StepBoundaryListener) else None
 
     # -- where this process is --------------------------------------------------------------------
 
@@ -189,13 +194,13 @@ class Runtime:
         calls = step_calls(self.strategy, "forward", adopted[0] if len(adopted) == 1 else None)
         self._calls = calls
         step = calls.optimizer_step
-        listener = self.strategy if isinstance(self.strategy, StepBoundaryListener) else None
-        if listener is not None:
+        at_step_boundary = self._step_boundary
+        if at_step_boundary is not None:
             plain_step = step
 
             def step(optimizer: Optimizer) -> Any:
                 result = plain_step(optimizer)
-                listener.at_step_boundary("after_optimizer_step")
+                at_step_boundary("after_optimizer_step")
                 return result
 
         return [wrap_optimizer(optimizer, step, calls.zero_grad) for optimizer in adopted]
@@ -248,12 +253,14 @@ class Runtime:
 
     def backward(self, loss: torch.Tensor) -> None:
         """Gradients of ``loss``, as the strategy computes them (loss scaling, an engine's backward)."""
-        calls = self._require_calls("backward")
-        if isinstance(self.strategy, OwnsAccumulation) and not self._skipping_sync:
-            self.strategy.set_accumulation_boundary(True)
+        calls = self._calls
+        if calls is None:
+            calls = self._require_calls("backward")
+        if self._accumulation_boundary is not None and not self._skipping_sync:
+            self._accumulation_boundary(True)
         calls.backward(loss)
-        if isinstance(self.strategy, StepBoundaryListener):
-            self.strategy.at_step_boundary("after_backward")
+        if self._step_boundary is not None:
+            self._step_boundary("after_backward")
 
     @contextlib.contextmanager
     def no_backward_sync(self, module: nn.Module, enabled: bool = True) -> Iterator[None]:
@@ -399,8 +406,7 @@ class Runtime:
     def step_boundary(self) -> Callable[[StepBoundary], None] | None:
         """What to call at each step boundary (a :class:`~stratagem.strategies.StepBoundaryListener`'s), or
         ``None``: the loop then skips the call."""
-        strategy = self.strategy
-        return strategy.at_step_boundary if isinstance(strategy, StepBoundaryListener) else None
+        return self._step_boundary
 
     @property
     def batch_feed(self) -> Callable[[Iterator[Any]], Iterator[Any]]:
@@ -428,8 +434,7 @@ class Runtime:
     def accumulation_boundary(self) -> Callable[[bool], None] | None:
         """The engine's ``set_accumulation_boundary`` where it accumulates itself
         (:class:`~stratagem.strategies.OwnsAccumulation`), else ``None``."""
-        strategy = self.strategy
-        return strategy.set_accumulation_boundary if isinstance(strategy, OwnsAccumulation) else None
+        return self._accumulation_boundary
 
     @property
     def engine_training_steps(self) -> tuple[Callable[[Any, int], EngineSteps], int] | None:
