@@ -222,28 +222,31 @@ def _wait_for_every_rank(
         store.set(f"joined/{rank}", host)
         if store.add("joined", 1) == world_size:
             store.set("all_joined", "1")
-        while True:
-            try:
-                store.wait(["all_joined"], timedelta(seconds=max(min(deadline - time.monotonic(), 0.5), 0.01)))
-                break
-            except dist.DistStoreError:
-                if store.check(["disagreement"]):
-                    return RanksDisagreeError(_disagreement_message(store.get("disagreement").decode()))
-                if time.monotonic() >= deadline:
-                    raise
+        # Polled rather than waited for: each store.wait that times out makes c10d print two warning lines, a
+        # screenful while the other ranks start.
+        while not store.check(["all_joined"]):
+            if store.check(["disagreement"]):
+                return RanksDisagreeError(_disagreement_message(store.get("disagreement").decode()))
+            if time.monotonic() >= deadline:
+                return _who_did_not_join(store, world_size)
+            time.sleep(0.05)
     except dist.DistNetworkError:
         return _STORE_WENT_AWAY
     except dist.DistStoreError:
-        try:
-            joined = [other for other in range(world_size) if store.check([f"joined/{other}"])]
-        except RuntimeError:
-            return "not every rank joined within the join timeout"
-        missing = sorted(set(range(world_size)) - set(joined))
-        return (
-            f"only {len(joined)} of {world_size} ranks joined within the join timeout: {_ranks(missing)} did not "
-            f"({_ranks(joined)} did)"
-        )
+        return _who_did_not_join(store, world_size)
     return None
+
+
+def _who_did_not_join(store: dist.Store, world_size: int) -> str:
+    try:
+        joined = [other for other in range(world_size) if store.check([f"joined/{other}"])]
+    except RuntimeError:
+        return "not every rank joined within the join timeout"
+    missing = sorted(set(range(world_size)) - set(joined))
+    return (
+        f"only {len(joined)} of {world_size} ranks joined within the join timeout: {_ranks(missing)} did not "
+        f"({_ranks(joined)} did)"
+    )
 
 
 def _disagree(store: dist.Store, what: str) -> RanksDisagreeError:
