@@ -86,6 +86,9 @@ class _Contender:
     def __init__(self, model: Any, optimizer: Any, loader: Any, backward: Any) -> None:
         self.model, self.optimizer, self.loader, self.backward = model, optimizer, loader, backward
         self._batches = iter(loader)
+        self.reset_timing()
+
+    def reset_timing(self) -> None:
         self.steps, self.wall, self.cpu = 0, 0.0, 0.0
 
     def run(self, steps: int) -> None:
@@ -144,9 +147,9 @@ def _round(runtime: Any, strategy: str, workload: Workload, runtime_first: bool)
         raw = _raw(strategy, workload)
         converted = _converted(runtime, workload)
     contenders = {"raw": raw, "runtime": converted}
-    for name in contenders:  # warm-up, not counted
-        contenders[name].run(CHUNK_STEPS)
-        contenders[name].steps, contenders[name].wall, contenders[name].cpu = 0, 0.0, 0.0
+    for contender in contenders.values():  # warm-up, not counted
+        contender.run(CHUNK_STEPS)
+        contender.reset_timing()
     for chunk in range(workload.steps // CHUNK_STEPS):
         for name in ("raw", "runtime") if chunk % 2 == 0 else ("runtime", "raw"):
             contenders[name].run(CHUNK_STEPS)

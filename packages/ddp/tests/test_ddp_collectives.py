@@ -1,7 +1,6 @@
 """Collectives, DDP wrapping and comm hooks on 2 real gloo ranks, all on one reused pool of workers."""
 
 import gc
-from pathlib import Path
 
 import pytest
 import torch
@@ -12,6 +11,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, post_loca
 import stratagem
 from stratagem.checkpoint_io import TorchCheckpointIO
 from stratagem.demo import DemoModule, demo_dataloaders
+from stratagem.strategies._backend_threads import _GLOO_THREAD_NAMES, _thread_names
 from stratagem.testing import DistributedWorkers
 from stratagem_ddp import DDPStrategy
 
@@ -77,8 +77,9 @@ def test_ddp_is_the_dp_replicate_layout_of_core_mesh_for_wrapping_sampling_and_r
 
 
 def _gloo_threads() -> int:
-    names = [path.read_text().strip() for path in Path("/proc/self/task").glob("*/comm")]
-    return sum(name in ("pt_gloo_runloop", "gloo_tcp_loop") for name in names)
+    names = _thread_names()
+    assert names is not None
+    return sum(name in _GLOO_THREAD_NAMES for name in names.values())
 
 
 def _threads_after_runs(runs):
@@ -91,7 +92,7 @@ def _threads_after_runs(runs):
     return counts
 
 
-@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="counts threads through /proc")
+@pytest.mark.skipif(_thread_names() is None, reason="counts threads through /proc")
 def test_runs_in_one_process_reuse_the_mesh_so_gloo_threads_do_not_grow_with_each_run(workers):
     for counts in workers.run(_threads_after_runs, 12):
         assert counts[1:] == counts[:1] * 11, counts

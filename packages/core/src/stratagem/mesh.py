@@ -116,17 +116,17 @@ class MeshLayout:
         """
         import torch.distributed as dist
 
-        world = dist.group.WORLD
         key = (device_type, self.shape)
         built = _BUILT_MESHES.get(key)
-        if built is not None and built[0]() is world:
+        if built is not None and dist.is_initialized() and built[0]() is dist.group.WORLD:
             return built[1], built[2]
         from torch.distributed.device_mesh import init_device_mesh
 
         mesh = init_device_mesh(device_type, self.shape, mesh_dim_names=self.dim_names)
         # Kept, not looked up again as mesh["dp"]: torch deprecates slicing a flattened dimension from the root.
         data_parallel = mesh["dp_replicate", "dp_shard"]._flatten(DATA_PARALLEL)
-        _BUILT_MESHES[key] = (weakref.ref(world), mesh, data_parallel)
+        # Read after the build: init_device_mesh joins the default group itself when none was joined yet.
+        _BUILT_MESHES[key] = (weakref.ref(dist.group.WORLD), mesh, data_parallel)
         return mesh, data_parallel
 
     def __str__(self) -> str:

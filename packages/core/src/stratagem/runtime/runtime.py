@@ -253,9 +253,7 @@ class Runtime:
 
     def backward(self, loss: torch.Tensor) -> None:
         """Gradients of ``loss``, as the strategy computes them (loss scaling, an engine's backward)."""
-        calls = self._calls
-        if calls is None:
-            calls = self._require_calls("backward")
+        calls = self._require_calls("backward")
         if self._accumulation_boundary is not None and not self._skipping_sync:
             self._accumulation_boundary(True)
         calls.backward(loss)
