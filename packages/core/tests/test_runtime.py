@@ -288,6 +288,75 @@ def test_a_set_up_optimizer_is_the_optimizers_class_and_schedulers_step_it():
     assert learning_rate == 0.5
 
 
+def _hooked_calls(runtime):
+    model = runtime.setup_module(nn.Linear(2, 1))
+    seen_by_every_module_hook: list[str] = []
+    handle = torch.nn.modules.module.register_module_forward_hook(
+        lambda module, inputs, output: seen_by_every_module_hook.append(type(module).__name__)
+    )
+    try:
+        model(torch.ones(1, 2))
+    finally:
+        handle.remove()
+    seen_by_the_wrapper_hook: list[str] = []
+    model.register_forward_pre_hook(lambda module, inputs: seen_by_the_wrapper_hook.append("called"))
+    model.module.register_forward_hook(lambda module, inputs, output: output * 0 + 7.0)
+    return seen_by_every_module_hook, seen_by_the_wrapper_hook, model(torch.ones(1, 2))
+
+
+def test_hooks_on_every_module_the_set_up_module_and_the_users_module_run():
+    seen_by_every_module_hook, seen_by_the_wrapper_hook, output = _runtime().launch(_hooked_calls)
+    assert seen_by_every_module_hook == ["Linear", "RuntimeModule"]
+    assert seen_by_the_wrapper_hook == ["called"]
+    assert torch.equal(output, torch.full((1, 1), 7.0))
+
+
+class _Affine(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(2))
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        return inputs * self.weight + 1
+
+
+def _compiled_call(runtime, compile_the_wrapper):
+    compiled_graphs = []
+
+    def recording_backend(graph, example_inputs):
+        compiled_graphs.append(graph)
+        return graph.forward
+
+    # A module of our own: dynamo leaves torch's built-in modules uncompiled when they are compiled alone.
+    model = runtime.setup_module(_Affine())
+    (model if compile_the_wrapper else model.module).compile(backend=recording_backend)
+    output = model(torch.ones(1, 2))
+    return len(compiled_graphs), output.shape
+
+
+@pytest.mark.parametrize("compile_the_wrapper", [True, False], ids=["set-up-module", "users-module"])
+def test_a_module_compiled_after_setup_runs_compiled(compile_the_wrapper):
+    graphs, shape = _runtime().launch(_compiled_call, compile_the_wrapper)
+    assert graphs == 1
+    assert shape == (1, 2)
+
+
+def _zero_grad_both_ways(runtime):
+    model = nn.Linear(2, 1)
+    model, optimizer = runtime.setup(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    runtime.backward(model(torch.ones(1, 2)).sum())
+    optimizer.zero_grad(set_to_none=False)
+    kept_as_zeros = [parameter.grad for parameter in model.parameters()]
+    optimizer.zero_grad()
+    return kept_as_zeros, [parameter.grad for parameter in model.parameters()]
+
+
+def test_zero_grad_zeroes_in_place_or_drops_gradients_as_the_optimizer_does():
+    kept_as_zeros, dropped = _runtime().launch(_zero_grad_both_ways)
+    assert all(grad is not None and not grad.any() for grad in kept_as_zeros)
+    assert dropped == [None, None]
+
+
 class _WholeStepEngine(SingleDeviceStrategy, OwnsTrainingStep):
     @property
     def optimizer_steps_per_call(self) -> int:
@@ -351,12 +420,14 @@ def _setup_optimizers_first(runtime):
     runtime.setup_optimizers(torch.optim.SGD(nn.Linear(1, 1).parameters(), lr=0.1))
 
 
-def test_setup_outside_launch_and_optimizers_before_the_module_are_refused():
+def test_setup_outside_launch_optimizers_before_the_module_and_backward_before_setup_are_refused():
     runtime = _runtime()
     with pytest.raises(RuntimeError, match=r"setup_module comes after the run has started"):
         runtime.setup(nn.Linear(1, 1))
     with pytest.raises(RuntimeError, match=r"setup_optimizers comes after setup_module"):
         runtime.launch(_setup_optimizers_first)
+    with pytest.raises(RuntimeError, match=r"backward\(\) comes after Runtime.setup\(\)"):
+        runtime.backward(torch.ones(1, requires_grad=True).sum())
 
 
 def test_the_trainer_s_loops_reach_the_strategy_only_through_its_runtime():

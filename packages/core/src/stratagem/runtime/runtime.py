@@ -253,7 +253,9 @@ class Runtime:
 
     def backward(self, loss: torch.Tensor) -> None:
         """Gradients of ``loss``, as the strategy computes them (loss scaling, an engine's backward)."""
-        calls = self._require_calls("backward")
+        calls = self._calls
+        if calls is None:  # checked here rather than in a helper: a frame per step counts on small models
+            raise self._not_set_up("backward")
         if self._accumulation_boundary is not None and not self._skipping_sync:
             self._accumulation_boundary(True)
         calls.backward(loss)
@@ -478,10 +480,9 @@ class Runtime:
         """The set-up module's whole state on CPU on rank 0 (see ``Strategy.module_full_state_dict``)."""
         return self.strategy.module_full_state_dict()
 
-    def _require_calls(self, action: str) -> StepCalls:
-        if self._calls is None:
-            raise RuntimeError(f"Runtime.{action}() comes after Runtime.setup() (inside Runtime.launch(fn)).")
-        return self._calls
+    @staticmethod
+    def _not_set_up(action: str) -> RuntimeError:
+        return RuntimeError(f"Runtime.{action}() comes after Runtime.setup() (inside Runtime.launch(fn)).")
 
     def __repr__(self) -> str:
         return f"Runtime({self.strategy!r})"

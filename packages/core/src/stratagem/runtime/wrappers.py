@@ -7,10 +7,13 @@ import functools
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
+import torch
 from torch import nn
+from torch.nn.modules import module as _torch_module
 from torch.optim import Optimizer
 
 from stratagem.precision import Precision
+from stratagem.strategies.step_calls import PLAIN_ZERO_GRAD
 
 
 class RuntimeModule(nn.Module):
@@ -39,11 +42,39 @@ class RuntimeModule(nn.Module):
         )
         # Decided once: fp32 neither casts nor enters a context per call.
         self.__dict__["_call_wrapped"] = model.__call__ if plain else functools.partial(_precise_call, model, precision)
+        self.__dict__["_direct_module"] = model if plain else None
 
     @property
     def module(self) -> nn.Module:
         """The user's module, unwrapped."""
         return self.__dict__["_original_module"]  # type: ignore[no-any-return]
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        # nn.Module's dispatch is three Python frames per call, paid twice here (the wrapper, then the module),
+        # which a small model's step feels (tools/bench/own_loop). Where neither is hooked or compiled, nothing
+        # is traced and the precision leaves the call alone, that dispatch would call the module's forward and
+        # nothing else: so that is called directly. The checks read the instance dicts: an attribute of a module
+        # goes through nn.Module.__getattr__'s slow lookup, a dozen of them per call.
+        own = self.__dict__
+        direct = own["_direct_module"]
+        if direct is not None:
+            inner = direct.__dict__
+            if not (
+                own["_forward_pre_hooks"]
+                or own["_forward_hooks"]
+                or own["_backward_pre_hooks"]
+                or own["_backward_hooks"]
+                or inner["_forward_pre_hooks"]
+                or inner["_forward_hooks"]
+                or inner["_backward_pre_hooks"]
+                or inner["_backward_hooks"]
+                or own.get("_compiled_call_impl") is not None
+                or inner.get("_compiled_call_impl") is not None
+                or any(_GLOBAL_MODULE_HOOKS)
+                or torch._C._get_tracing_state()
+            ):
+                return direct.forward(*args, **kwargs)
+        return super().__call__(*args, **kwargs)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         return self.__dict__["_call_wrapped"](*args, **kwargs)
@@ -61,6 +92,18 @@ class RuntimeModule(nn.Module):
             if name == "_original_module" or "_original_module" not in self.__dict__:
                 raise
             return getattr(self.__dict__["_original_module"], name)
+
+
+# The hooks registered for every module (``register_module_forward_hook`` and the like): dicts torch fills in place.
+_GLOBAL_MODULE_HOOKS = tuple(
+    getattr(_torch_module, name)
+    for name in (
+        "_global_forward_pre_hooks",
+        "_global_forward_hooks",
+        "_global_backward_pre_hooks",
+        "_global_backward_hooks",
+    )
+)
 
 
 def _precise_call(model: nn.Module, precision: Precision, *args: Any, **kwargs: Any) -> Any:
@@ -124,6 +167,9 @@ def wrap_optimizer(
     """``optimizer`` with its ``step``/``zero_grad`` replaced by ``step(optimizer)``/``zero_grad(optimizer)``."""
     wrapper: RuntimeOptimizer = object.__new__(_wrapper_class(type(optimizer)))
     wrapper.__dict__.update(optimizer=optimizer, _runtime_step=step, _runtime_zero_grad=zero_grad)
+    if zero_grad is PLAIN_ZERO_GRAD:
+        # The strategy's zero_grad is the optimizer's own, with the same signature: called without a frame of ours.
+        wrapper.__dict__["zero_grad"] = optimizer.zero_grad
     return wrapper
 
 

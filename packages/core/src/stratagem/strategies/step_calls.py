@@ -100,14 +100,15 @@ def _optimizer_step(strategy: Strategy, precision: Precision) -> Callable[[Optim
 
 def _zero_grad(strategy: Strategy) -> Callable[[Optimizer], None]:
     if _inherited(strategy, "zero_grad", Strategy.zero_grad):
-        return _ZERO_GRAD
+        return PLAIN_ZERO_GRAD
     return strategy.zero_grad
 
 
 # Called the way the base methods call them, with the method looked up on the optimizer per call (a scheduler
 # or callback may wrap ``step``), without a Python frame of their own.
 _STEP: Callable[[Optimizer], Any] = operator.methodcaller("step")
-_ZERO_GRAD: Callable[[Optimizer], None] = operator.methodcaller("zero_grad", set_to_none=True)
+PLAIN_ZERO_GRAD: Callable[[Optimizer], None] = operator.methodcaller("zero_grad", set_to_none=True)
+"""What :attr:`StepCalls.zero_grad` is where the strategy keeps the base ``zero_grad``: the optimizer's own."""
 
 
 def _inherited(owner: object, name: str, base_function: Callable[..., Any]) -> bool:
