@@ -94,12 +94,12 @@ class _Contender:
         self.reset_timing()
 
     def reset_timing(self) -> None:
-        self.steps = 0
-        self.chunks: list[tuple[float, float]] = []  # (wall, CPU) seconds of each chunk
+        self.chunks: list[tuple[float, float]] = []  # (wall, CPU) seconds of each chunk of CHUNK_STEPS
 
-    def run(self, steps: int) -> None:
+    def run(self) -> None:
+        """One chunk of CHUNK_STEPS steps, timed."""
         wall, cpu = time.perf_counter(), time.process_time()
-        for _ in range(steps):
+        for _ in range(CHUNK_STEPS):
             batch = next(self._batches, None)
             if batch is None:
                 self._batches = iter(self.loader)
@@ -110,7 +110,6 @@ class _Contender:
             self.optimizer.step()
             self.optimizer.zero_grad()
         self.chunks.append((time.perf_counter() - wall, time.process_time() - cpu))
-        self.steps += steps
 
 
 def _raw(strategy: str, workload: Workload) -> _Contender:
@@ -142,7 +141,9 @@ def _converted(runtime: Any, workload: Workload) -> _Contender:
     return _Contender(model, optimizer, loader, runtime.backward)
 
 
-def _round(runtime: Any, strategy: str, workload: Workload, runtime_first: bool, control: bool) -> dict[str, Any]:
+def _round(
+    runtime: Any, strategy: str, workload: Workload, runtime_first: bool, control: bool
+) -> dict[str, list[tuple[float, float]]]:
     """One round inside the runtime's launch: both contenders built (in the order given), then trained in
     alternating chunks so that both see the same moments of a shared machine."""
 
@@ -157,15 +158,12 @@ def _round(runtime: Any, strategy: str, workload: Workload, runtime_first: bool,
         converted = build_converted()
     contenders = {"raw": raw, "runtime": converted}
     for contender in contenders.values():  # warm-up, not counted
-        contender.run(CHUNK_STEPS)
+        contender.run()
         contender.reset_timing()
     for chunk in range(workload.steps // CHUNK_STEPS):
         for name in ("raw", "runtime") if chunk % 2 == 0 else ("runtime", "raw"):
-            contenders[name].run(CHUNK_STEPS)
-    return {
-        "steps_per_second": {name: own.steps / sum(wall for wall, _ in own.chunks) for name, own in contenders.items()},
-        "chunks": {name: own.chunks for name, own in contenders.items()},
-    }
+            contenders[name].run()
+    return {name: own.chunks for name, own in contenders.items()}
 
 
 def _strategy_instance(strategy: str) -> Any:
@@ -185,7 +183,7 @@ def _measure(strategy: str, workload: Workload, rounds: int, control: bool) -> d
     """
     import stratagem
 
-    samples: list[dict[str, Any]] = []
+    samples: list[dict[str, list[tuple[float, float]]]] = []
     if strategy != "single_device" or dist.get_rank() == 0:
         for index in range(rounds):
             runtime = stratagem.Runtime(
@@ -202,11 +200,13 @@ def _measure(strategy: str, workload: Workload, rounds: int, control: bool) -> d
         return statistics.median(
             raw[index] / runtime[index]
             for sample in samples
-            for raw, runtime in zip(sample["chunks"]["raw"], sample["chunks"]["runtime"], strict=True)
+            for raw, runtime in zip(sample["raw"], sample["runtime"], strict=True)
         )
 
     def steps_per_second(name: str) -> float:
-        return statistics.median(sample["steps_per_second"][name] for sample in samples)
+        return statistics.median(
+            CHUNK_STEPS * len(sample[name]) / sum(wall for wall, _ in sample[name]) for sample in samples
+        )
 
     return {
         "strategy": strategy,

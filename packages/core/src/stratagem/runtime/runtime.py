@@ -255,7 +255,7 @@ class Runtime:
         """Gradients of ``loss``, as the strategy computes them (loss scaling, an engine's backward)."""
         calls = self._calls
         if calls is None:  # checked here rather than in a helper: a frame per step counts on small models
-            raise self._not_set_up("backward")
+            raise RuntimeError("Runtime.backward() comes after Runtime.setup() (inside Runtime.launch(fn)).")
         if self._accumulation_boundary is not None and not self._skipping_sync:
             self._accumulation_boundary(True)
         calls.backward(loss)
@@ -479,10 +479,6 @@ class Runtime:
     def module_full_state_dict(self) -> dict[str, Any]:
         """The set-up module's whole state on CPU on rank 0 (see ``Strategy.module_full_state_dict``)."""
         return self.strategy.module_full_state_dict()
-
-    @staticmethod
-    def _not_set_up(action: str) -> RuntimeError:
-        return RuntimeError(f"Runtime.{action}() comes after Runtime.setup() (inside Runtime.launch(fn)).")
 
     def __repr__(self) -> str:
         return f"Runtime({self.strategy!r})"
