@@ -156,8 +156,7 @@ def _targets() -> list[tuple[StrategyCase, int]]:
 
 
 def _sources_for(target: StrategyCase, devices: int):
-    """The fp32 checkpoint of each configuration (names sharing one save alike); other precisions are
-    compared under single_device above."""
+    """The fp32 checkpoint of each configuration; other precisions are compared under single_device above."""
     return [source for source in SOURCES if source[1] == "32-true"]
 
 
