@@ -185,8 +185,9 @@ def test_no_backward_sync_keeps_gradients_local_until_the_next_synced_backward(w
         torch.testing.assert_close(a, l0 + l1)
 
 
-def _train(steps, data_per_rank=True, **options):
-    """Train a few SGD steps through the strategy; return every parameter after each step."""
+def _train(steps, data_per_rank=True, step_through_strategy=True, **options):
+    """Train a few SGD steps through the strategy (or with the optimizer's own ``step``, as the loops call it where
+    the strategy's is the base one); return every parameter after each step."""
     strategy = _strategy(**options)
     model = strategy.setup_module(_model())
     optimizer = strategy.setup_optimizers([torch.optim.SGD(model.parameters(), lr=0.1)])[0]
@@ -195,7 +196,10 @@ def _train(steps, data_per_rank=True, **options):
     for _ in range(steps):
         loss = model(torch.randn(4, 4, generator=generator)).pow(2).mean()
         strategy.backward(loss, optimizer)
-        strategy.optimizer_step(optimizer)
+        if step_through_strategy:
+            strategy.optimizer_step(optimizer)
+        else:
+            optimizer.step()
         strategy.zero_grad(optimizer)
         history.append(torch.cat([p.detach().flatten() for p in strategy.module.parameters()]))
     # Not strategy.teardown(): the pool's process group must outlive this check. The wrapper
@@ -221,10 +225,12 @@ def local_sgd_state():
     return post_localSGD_hook.PostLocalSGDState(process_group=None, subgroup=subgroup, start_localSGD_iter=2)
 
 
-def test_post_local_sgd_diverges_between_averaging_steps_and_agrees_on_them(workers):
+@pytest.mark.parametrize("step_through_strategy", [True, False], ids=["strategy_step", "optimizer_step"])
+def test_post_local_sgd_diverges_between_averaging_steps_and_agrees_on_them(workers, step_through_strategy):
     results = workers.run(
         _train,
         5,
+        step_through_strategy=step_through_strategy,
         ddp_comm_hook=post_localSGD_hook.post_localSGD_hook,
         ddp_comm_state=local_sgd_state,
         model_averaging_period=2,

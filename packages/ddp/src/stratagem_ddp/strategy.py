@@ -53,7 +53,7 @@ class DDPStrategy(ParallelStrategy, BackwardSyncControl, PreparesEachBackward, T
       ``ddp_comm_state`` (an object, or a function without arguments that builds it in each
       rank) and a ``ddp_comm_wrapper`` (e.g. ``fp16_compress_wrapper``).
     - ``model_averaging_period``: with ``post_localSGD_hook``, average the models every N
-      optimizer steps once local SGD starts.
+      optimizer steps once local SGD starts (steps a precision skips, on an inf gradient, not counted).
 
     Its layout of core's mesh (:mod:`stratagem.mesh`) is ``dp_replicate`` over every rank: each worker builds that
     mesh, which the module reads as ``self.device_mesh``; DDP all-reduces over ``device_mesh["dp_replicate"]``.
@@ -107,6 +107,7 @@ class DDPStrategy(ParallelStrategy, BackwardSyncControl, PreparesEachBackward, T
         self.ddp_comm_wrapper = ddp_comm_wrapper
         self.model_averaging_period = model_averaging_period
         self._model_averager: Any = None
+        self._averaging_hooks: list[Any] = []
         self._mesh_layout = MeshLayout(dp_replicate=-1, dp_shard=1)
 
     def complete_configuration(self) -> None:
@@ -219,16 +220,30 @@ class DDPStrategy(ParallelStrategy, BackwardSyncControl, PreparesEachBackward, T
             )
         return self.model.no_sync()
 
-    def optimizer_step(self, optimizer: Optimizer) -> Any:
-        result = super().optimizer_step(optimizer)
-        if self._model_averager is not None:
-            parameters = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
-            self._model_averager.average_parameters(iter(parameters))
-        return result
+    def setup_optimizers(self, optimizers: list[Optimizer]) -> list[Optimizer]:
+        optimizers = super().setup_optimizers(optimizers)
+        self._remove_averaging_hooks()
+        averager = self._model_averager
+        if averager is not None:
+            # After each step the optimizer takes (one a precision skips is not one), as a hook of the optimizer
+            # rather than an optimizer_step of ours: DDP's step stays the optimizer's own, which the loops call
+            # without a frame per step (strategies/step_calls.py).
+            def average(optimizer: Optimizer, args: Any, kwargs: Any) -> None:
+                parameters = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+                averager.average_parameters(iter(parameters))
+
+            self._averaging_hooks = [optimizer.register_step_post_hook(average) for optimizer in optimizers]
+        return optimizers
+
+    def _remove_averaging_hooks(self) -> None:
+        for handle in self._averaging_hooks:
+            handle.remove()
+        self._averaging_hooks = []
 
     def teardown(self) -> None:
         self._model = self._module
         self._model_averager = None
+        self._remove_averaging_hooks()
         # A DDP wrapper whose comm hook (powerSGD) outlived the process group aborted the
         # process at exit on gloo; collect it while the group still exists.
         gc.collect()
