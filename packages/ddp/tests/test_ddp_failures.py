@@ -13,6 +13,7 @@ import torch
 
 import stratagem
 from stratagem.launchers import RankFailedError
+from stratagem.strategies.step_calls import step_calls
 from stratagem.testing import wait_until_no_process_has
 from stratagem_ddp import DDPStrategy
 
@@ -75,18 +76,24 @@ def test_sigkill_of_one_rank_mid_training_ends_the_whole_job_naming_it(tmp_path,
     assert wait_until_no_process_has(TAG, tag) == []
 
 
-def _one_rank_skips_backward(strategy):
+def _one_rank_skips_backward(strategy, through_step_calls):
     strategy.setup_environment()
     model = strategy.setup_module(torch.nn.Linear(4, 1))
     if strategy.global_rank == 0:
-        strategy.backward(model(torch.ones(2, 4)).sum(), None)
+        loss = model(torch.ones(2, 4)).sum()
+        if through_step_calls:
+            step_calls(strategy, "forward", None).backward(loss)
+        else:
+            strategy.backward(loss, None)
     else:
         time.sleep(60)
 
 
-def test_a_gradient_all_reduce_stuck_past_the_timeout_names_ddp_backward():
+# The loops call DDP's backward through its step calls (the plain tensor backward where nothing else is needed).
+@pytest.mark.parametrize("through_step_calls", [False, True], ids=["strategy_backward", "loop_step_calls"])
+def test_a_gradient_all_reduce_stuck_past_the_timeout_names_ddp_backward(through_step_calls):
     strategy = stratagem.resolve(strategy=DDPStrategy(start_method="spawn", timeout=3), accelerator="cpu", devices=2)
     with pytest.raises(RankFailedError) as caught:
-        strategy.launcher.launch(_one_rank_skips_backward, strategy)
+        strategy.launcher.launch(_one_rank_skips_backward, strategy, through_step_calls)
     assert caught.value.rank == 0
     assert "all_reduce of gradients (DDP, during backward) did not complete within timeout=0:00:03" in str(caught.value)

@@ -175,15 +175,12 @@ class DDPStrategy(ParallelStrategy, BackwardSyncControl, PreparesEachBackward, T
         assert mesh is not None  # DDPStrategy always has a layout: device_mesh raises until it is built
         return mesh["dp_replicate"].get_group()
 
-    def backward(self, loss: torch.Tensor, optimizer: Optimizer | None) -> None:
-        try:
-            super().backward(loss, optimizer)
-        except RuntimeError as error:
-            if not _is_communication_error(error):
-                raise
-            # Re-raised inside collective() so that it is reported like any other stuck collective.
-            with self.collective("all_reduce of gradients (DDP, during backward)"):
-                raise
+    def explain_backward_failure(self, error: RuntimeError) -> None:
+        if not _is_communication_error(error):
+            return
+        # Re-raised inside collective() so that it is reported like any other stuck collective.
+        with self.collective("all_reduce of gradients (DDP, during backward)"):
+            raise error
 
     def prepare_backward(self, loss: Any) -> None:
         model = self.model

@@ -81,7 +81,20 @@ def _run_step(strategy: Strategy, precision: Precision, step_name: str) -> Calla
 
 def _backward(strategy: Strategy, precision: Precision, optimizer: Optimizer | None) -> Callable[[torch.Tensor], Any]:
     if _inherited(strategy, "backward", Strategy.backward) and _inherited(precision, "backward", Precision.backward):
-        return torch.Tensor.backward
+        if _inherited(strategy, "explain_backward_failure", Strategy.explain_backward_failure):
+            return torch.Tensor.backward
+        explain = strategy.explain_backward_failure
+
+        # One frame rather than the base method's chain of strategy, precision and tensor calls, which cost the tiny
+        # MLP under ddp about 1% of its step (tools/bench/own_loop; a single frame measured at parity).
+        def explained_backward(loss: torch.Tensor) -> None:
+            try:
+                torch.Tensor.backward(loss)
+            except RuntimeError as error:
+                explain(error)
+                raise
+
+        return explained_backward
     backward = strategy.backward
 
     def backward_with_optimizer(loss: torch.Tensor) -> None:

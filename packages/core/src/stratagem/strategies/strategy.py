@@ -324,7 +324,16 @@ class Strategy(ABC):
 
     def backward(self, loss: torch.Tensor, optimizer: Optimizer | None) -> None:
         """Compute gradients of ``loss``."""
-        self.precision.backward(loss, torch.Tensor.backward)
+        try:
+            self.precision.backward(loss, torch.Tensor.backward)
+        except RuntimeError as error:
+            self.explain_backward_failure(error)
+            raise
+
+    def explain_backward_failure(self, error: RuntimeError) -> None:
+        """Called with an error out of backward (this one's, or the plain one a loop calls in its place): raise a
+        clearer one from it where this strategy can say more (a collective inside backward that failed), or return
+        to let it propagate as it is."""
 
     def optimizer_step(self, optimizer: Optimizer) -> Any:
         """Apply accumulated gradients to the parameters."""
