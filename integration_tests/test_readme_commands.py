@@ -59,18 +59,16 @@ def test_the_readme_says_to_activate_the_environment_the_quick_start_creates():
 
 def test_every_readme_command_works_pasted_in_order_into_a_fresh_copy(fresh_copy):
     outputs = {}
-    ran = set()
     for command in shell_commands():
         # A command shown again (a package's section repeats the tour's demo line) ran already in this environment,
         # which the installs between only add packages to: it would run the same code on the same packages.
-        if command in DOCUMENTATION_ONLY or _without_comment(command) in ran:
+        if command in DOCUMENTATION_ONLY or _without_comment(command) in outputs:
             continue
         finished = _paste(command, fresh_copy, activate=command != QUICK_START)
         assert finished.returncode == 0, (
             f"{command}\n--- stdout\n{finished.stdout[-3000:]}\n--- stderr\n{finished.stderr[-5000:]}"
         )
-        outputs[command] = finished.stdout
-        ran.add(_without_comment(command))
+        outputs[_without_comment(command)] = finished.stdout
     assert outputs, "the README has no commands"
     for command, shown in console_samples():
         finished = _paste(command, fresh_copy, activate=True)
